@@ -1,0 +1,77 @@
+"""Distances and speculative-decoding metrics over a trailing vocabulary dimension.
+
+All functions take float tensors ``[..., V]`` and reduce the last dimension. Natural logs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _f64(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.float64)
+
+
+def total_variation(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``TV(a, b) = ½ Σ_v |a(v) − b(v)|``."""
+    return 0.5 * (_f64(a) - _f64(b)).abs().sum(-1)
+
+
+def kl_divergence(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``KL(a ‖ b) = Σ_v a(v) log(a(v) / b(v))``; ``+inf`` where ``a > 0 = b``."""
+    a, b = _f64(a), _f64(b)
+    terms = torch.xlogy(a, a) - torch.xlogy(a, b)
+    return terms.sum(-1)
+
+
+def entropy(p: torch.Tensor) -> torch.Tensor:
+    """``H(p) = −Σ_v p(v) log p(v)`` (``0 log 0 = 0``)."""
+    p = _f64(p)
+    return -torch.xlogy(p, p).sum(-1)
+
+
+def overshoot_mass(p_target: torch.Tensor, q_draft: torch.Tensor) -> torch.Tensor:
+    """``Σ_v (q(v) − p(v))+``: the draft mass above the target (equals ``TV(p, q)`` for laws)."""
+    return (_f64(q_draft) - _f64(p_target)).clamp(min=0).sum(-1)
+
+
+def severe_overshoot_mass(p_target: torch.Tensor, q_draft: torch.Tensor, lenience: float) -> torch.Tensor:
+    """``Σ_v q(v)·1[q(v) ≥ p(v)/l]``: draft mass on tokens at or above lenience's ceiling ``p/l``.
+
+    Only tokens the draft can propose count (``q > 0``).
+    """
+    p, q = _f64(p_target), _f64(q_draft)
+    return (q * ((q >= p / lenience) & (q > 0))).sum(-1)
+
+
+def ceiling_excess(p_target: torch.Tensor, q_draft: torch.Tensor, lenience: float) -> torch.Tensor:
+    """``β = Σ_v (q(v) − p(v)/l)+ = 1 − Σ_v min(q, p/l)``: lenience's rejection probability."""
+    return (_f64(q_draft) - _f64(p_target) / lenience).clamp(min=0).sum(-1)
+
+
+def acceptance_probability(q_draft: torch.Tensor, accept: torch.Tensor) -> torch.Tensor:
+    """Per-position acceptance ``α = Σ_v q(v)·a(v)`` for a single-draft rule with ``a``."""
+    return (_f64(q_draft) * _f64(accept)).sum(-1)
+
+
+def expected_block_efficiency(alpha: torch.Tensor | float, gamma: int) -> torch.Tensor:
+    """Emitted tokens per target pass with i.i.d. acceptance: ``(1 − α^{γ+1}) / (1 − α)``.
+
+    Equals ``γ + 1`` at ``α = 1`` (the limit) and ``1`` at ``α = 0``.
+    """
+    if gamma < 0:
+        raise ValueError(f"gamma must be >= 0, got {gamma}")
+    alpha = torch.as_tensor(alpha, dtype=torch.float64)
+    powers = torch.stack([alpha**i for i in range(gamma + 1)])
+    # Σ_{i=0..γ} α^i is the same quantity without the 0/0 at α = 1.
+    return powers.sum(0)
+
+
+def acceptance_rate(accepted: int, drafted: int) -> float:
+    """Observed acceptance: accepted drafts / drafted tokens (``nan`` when nothing was drafted)."""
+    return accepted / drafted if drafted else float("nan")
+
+
+def block_efficiency(emitted: int, target_passes: int) -> float:
+    """Emitted tokens per target forward pass (plain decoding gives 1.0)."""
+    return emitted / target_passes if target_passes else float("nan")

@@ -1,0 +1,129 @@
+"""Sampling policy: logits -> the law a token is actually drawn from.
+
+The steps and their order are those of Hugging Face ``generate`` with ``do_sample=True``:
+temperature, top-k, top-p, min-p, eta. Each step masks logits to ``-inf`` with the same
+comparison transformers uses, so the same tokens survive at ties and at the top-p crossing:
+
+* top-k keeps every token whose logit is ``>=`` the k-th largest (ties at the boundary all stay);
+* top-p sorts ascending with ``torch.sort`` and drops tokens whose cumulative probability is
+  ``<= 1 - top_p``, always keeping the largest;
+* min-p drops tokens with ``prob < min_p * max prob``;
+* eta drops tokens with ``prob < min(eta, sqrt(eta) * exp(-H))`` but never the top token.
+
+Temperature ``0`` means greedy: a point mass on ``argmax`` (first index at ties), whatever the
+truncation, since every truncation keeps the argmax.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+
+
+class PolicyError(ValueError):
+    """An impossible policy parameter; the message says which and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Temperature and truncation settings of one side (target or draft)."""
+
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    eta: float | None = None
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)):
+            raise PolicyError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if self.temperature < 0:
+            raise PolicyError(f"temperature must be >= 0 (0 means greedy), got {self.temperature}")
+        if self.top_k is not None and (int(self.top_k) != self.top_k or self.top_k < 1):
+            raise PolicyError(f"top_k must be a whole number >= 1, got {self.top_k}")
+        if self.top_p is not None and not (0.0 < self.top_p <= 1.0):
+            raise PolicyError(f"top_p must lie in (0, 1], got {self.top_p}")
+        if self.min_p is not None and not (0.0 <= self.min_p <= 1.0):
+            raise PolicyError(f"min_p must lie in [0, 1], got {self.min_p}")
+        if self.eta is not None and not (0.0 < self.eta < 1.0):
+            raise PolicyError(f"eta must lie in (0, 1), got {self.eta}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        return asdict(self)
+
+
+def _masked(scores: torch.Tensor, remove: torch.Tensor) -> torch.Tensor:
+    return scores.masked_fill(remove, -math.inf)
+
+
+def apply_top_k(scores: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Keep tokens with ``score >= kth largest score`` (ties at the k-th value all survive)."""
+    k = min(int(top_k), scores.size(-1))
+    kth = torch.topk(scores, k)[0][..., -1, None]
+    return _masked(scores, scores < kth)
+
+
+def apply_top_p(scores: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Drop tokens whose ascending cumulative probability is ``<= 1 - top_p``; keep the top one."""
+    if top_p >= 1.0:
+        return scores
+    sorted_scores, sorted_indices = torch.sort(scores, descending=False)
+    cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+    sorted_remove = cumulative <= (1 - top_p)
+    sorted_remove[..., -1:] = False
+    remove = sorted_remove.scatter(-1, sorted_indices, sorted_remove)
+    return _masked(scores, remove)
+
+
+def apply_min_p(scores: torch.Tensor, min_p: float) -> torch.Tensor:
+    """Drop tokens with ``prob < min_p * max prob`` (the top token always survives)."""
+    probs = torch.softmax(scores, dim=-1)
+    remove = probs < min_p * probs.amax(dim=-1, keepdim=True)
+    remove.scatter_(-1, torch.topk(probs, 1, dim=-1).indices, False)
+    return _masked(scores, remove)
+
+
+def apply_eta(scores: torch.Tensor, eta: float) -> torch.Tensor:
+    """Drop tokens with ``prob < min(eta, sqrt(eta) * exp(-H(prob)))``, never the top token."""
+    probs = scores.softmax(dim=-1)
+    log_probs = torch.log_softmax(scores, dim=-1).clamp(min=torch.finfo(scores.dtype).min)
+    entropy = -(probs * log_probs).sum(-1)
+    eta_t = torch.tensor(eta, dtype=scores.dtype, device=scores.device)
+    threshold = torch.min(eta_t, torch.sqrt(eta_t) * torch.exp(-entropy))[..., None]
+    top = torch.topk(scores, 1)[0][..., -1, None]
+    return _masked(scores, (probs < threshold) & (scores < top))
+
+
+def warp_logits(logits: torch.Tensor, policy: Policy) -> torch.Tensor:
+    """Policy-applied logits (``-inf`` where truncated), in transformers' order and dtype."""
+    scores = logits
+    if policy.temperature not in (0, 1):
+        scores = scores / float(policy.temperature)
+    if policy.top_k is not None:
+        scores = apply_top_k(scores, policy.top_k)
+    if policy.top_p is not None:
+        scores = apply_top_p(scores, policy.top_p)
+    if policy.min_p is not None:
+        scores = apply_min_p(scores, policy.min_p)
+    if policy.eta is not None:
+        scores = apply_eta(scores, policy.eta)
+    return scores
+
+
+def probabilities(logits: torch.Tensor, policy: Policy | None = None) -> torch.Tensor:
+    """The sampling law ``softmax(warp(logits))`` in float64, or ``δ_argmax`` at temperature 0.
+
+    The mask is decided in the logits' own dtype (as transformers decides it); the softmax of
+    the surviving logits is then taken in float64 so the law sums to 1 to double precision.
+    """
+    policy = policy or Policy()
+    if policy.greedy:
+        greedy = torch.zeros(logits.shape, dtype=torch.float64, device=logits.device)
+        return greedy.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    return torch.softmax(warp_logits(logits, policy).to(torch.float64), dim=-1)

@@ -1,0 +1,116 @@
+"""Counter-based uniforms keyed by ``(seed, position, slot, sibling)`` and inverse-CDF sampling.
+
+Every random draw of the engine comes from here, so that
+
+* a run is reproducible from its seed alone,
+* each decision can be replayed from stored uniforms (``accept <=> u_accept < a(x)``),
+* runs with the same seed and different rules are *coupled*: position ``t``'s draft, accept and
+  fallback uniforms do not depend on what happened before ``t``.
+
+The stream is a keyed hash (SplitMix64 finaliser, applied field by field) rather than a
+stateful generator: the uniform for a key is a pure function of the key, which is what makes
+replay and coupling trivial.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import numpy as np
+import torch
+
+# Slots name the role of a draw at one absolute output position. The token emitted from the
+# target side at a position (fallback after a rejection, or bonus after a full block) uses the
+# ``fallback`` slot: the two can never both happen at one position of one run, and sharing the
+# slot keeps coupled runs on the same token as long as their decisions agree.
+SLOTS: Final[dict[str, int]] = {"draft": 0, "accept": 1, "fallback": 2}
+
+_MASK64: Final[int] = (1 << 64) - 1
+_GOLDEN: Final[np.uint64] = np.uint64(0x9E3779B97F4A7C15)
+_M1: Final[np.uint64] = np.uint64(0xBF58476D1CE4E5B9)
+_M2: Final[np.uint64] = np.uint64(0x94D049BB133111EB)
+_FIELD_KEYS: Final[tuple[np.uint64, ...]] = (
+    np.uint64(0x243F6A8885A308D3),  # seed
+    np.uint64(0x13198A2E03707344),  # position
+    np.uint64(0xA4093822299F31D0),  # slot
+    np.uint64(0x082EFA98EC4E6C89),  # sibling
+)
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64 finaliser: a bijection on 64-bit words with full avalanche."""
+    x = x + _GOLDEN
+    x = (x ^ (x >> np.uint64(30))) * _M1
+    x = (x ^ (x >> np.uint64(27))) * _M2
+    return x ^ (x >> np.uint64(31))
+
+
+def _as_u64(values: int | np.ndarray | torch.Tensor) -> np.ndarray:
+    if isinstance(values, torch.Tensor):
+        values = values.detach().cpu().numpy()
+    array = np.asarray(values)
+    if array.dtype.kind not in "iu":
+        raise TypeError(f"rng keys must be integers, got dtype {array.dtype}")
+    if array.dtype.kind == "i" and (array < 0).any():
+        raise ValueError("rng keys (seed, position, sibling) must be non-negative")
+    return array.astype(np.uint64)
+
+
+def slot_id(slot: str | int) -> int:
+    """Numeric id of a named slot (``draft``, ``accept``, ``fallback``) or a raw integer slot."""
+    if isinstance(slot, str):
+        if slot not in SLOTS:
+            raise ValueError(f"unknown rng slot {slot!r}; use one of {sorted(SLOTS)}")
+        return SLOTS[slot]
+    return int(slot)
+
+
+def uniforms(
+    seed: int | np.ndarray | torch.Tensor,
+    position: int | np.ndarray | torch.Tensor,
+    slot: str | int,
+    sibling: int | np.ndarray | torch.Tensor = 0,
+) -> torch.Tensor:
+    """Uniform(0, 1) draws, one per broadcast key: ``u = (h(seed, position, slot, sibling) >> 11) / 2**53``.
+
+    ``h`` chains the SplitMix64 finaliser over the four fields, each xored with its own key, so
+    that neighbouring counters in any field give independent-looking words. The top 53 bits make
+    a float64 in ``[0, 1)`` with every value a multiple of ``2**-53``.
+    """
+    with np.errstate(over="ignore"):
+        fields = np.broadcast_arrays(
+            _as_u64(seed), _as_u64(position), _as_u64(slot_id(slot)), _as_u64(sibling)
+        )
+        state = np.zeros(fields[0].shape, dtype=np.uint64)
+        for field, key in zip(fields, _FIELD_KEYS):
+            state = _mix64(state ^ field ^ key)
+    words = (state >> np.uint64(11)).astype(np.float64)
+    return torch.from_numpy(words * (1.0 / 9007199254740992.0))
+
+
+def sample_inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Token ``v`` with ``F(v-1) <= u * F(V-1) < F(v)`` where ``F`` is the cumulative sum of ``probs``.
+
+    ``probs`` has shape ``[..., V]`` (need not be normalised), ``u`` the leading shape ``[...]``
+    or ``[..., n]`` for ``n`` draws per row. Works over the vocabulary's token order, in float64,
+    and never returns a zero-probability token: a zero entry has an empty CDF interval, and a
+    ``u`` rounding onto the total is sent to the last token with positive mass.
+    """
+    if (probs < 0).any() or not torch.isfinite(probs).all():
+        raise ValueError("sample_inverse_cdf needs finite, non-negative probabilities")
+    cdf = probs.to(torch.float64).cumsum(-1)
+    total = cdf[..., -1:]
+    if (total <= 0).any():
+        raise ValueError("sample_inverse_cdf needs a positive total mass in every row")
+    u = u.to(torch.float64)
+    squeeze = u.dim() == probs.dim() - 1
+    if squeeze:
+        u = u.unsqueeze(-1)
+    targets = (u * total).contiguous()
+    tokens = torch.searchsorted(cdf.contiguous(), targets, right=True)
+    # Last token with positive mass: the only safe landing point for u * total == total.
+    positive = probs > 0
+    vocab = probs.shape[-1]
+    last_positive = vocab - 1 - positive.flip(-1).to(torch.int64).argmax(-1, keepdim=True)
+    tokens = torch.minimum(tokens, last_positive.expand_as(tokens))
+    return tokens.squeeze(-1) if squeeze else tokens

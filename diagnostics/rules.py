@@ -1,0 +1,679 @@
+"""Verification rules: accept probability, fallback, bonus, and the exact induced law.
+
+A single-draft rule is a triple ``(a, f, b)`` (see ``VERIFICATION.md``): the draft token
+``x ~ q`` is kept with probability ``a(x)``; on rejection a token is drawn from the fallback
+law ``f``; after a fully accepted block the bonus token is drawn from ``b``. Its exact one-step
+law is ``P = q·a + (1 − α)·f`` with ``α = Σ q·a``; each rule also implements the closed form
+of ``P`` from the paper, and tests check one against the other and against simulation.
+
+Every function takes ``p`` (target law after the target policy) and ``q`` (the law the draft
+token was drawn from) with a trailing vocabulary dimension and any leading batch dimensions,
+normalises them, and computes in float64.
+
+Ratios ``p/q`` use the convention ``x/0 = +inf`` for ``x > 0`` and ``0/0 = 0``, so a token the
+draft could not have proposed is accepted only if the target allows it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+
+from diagnostics.metrics import entropy
+from diagnostics.rng import sample_inverse_cdf
+
+
+class RuleError(ValueError):
+    """A rule spec that cannot be built; the message says what to write instead."""
+
+
+# --------------------------------------------------------------------------------------------
+# Shared helpers
+# --------------------------------------------------------------------------------------------
+
+
+def as_law(x: torch.Tensor, name: str = "p") -> torch.Tensor:
+    """``x / Σ x`` in float64 after checking ``x`` is finite, non-negative, with positive mass."""
+    x = torch.as_tensor(x)
+    if not torch.is_floating_point(x):
+        x = x.to(torch.float64)
+    x = x.to(torch.float64)
+    if x.dim() == 0:
+        raise RuleError(f"{name} must have a vocabulary dimension, got a scalar")
+    if not torch.isfinite(x).all():
+        raise RuleError(f"{name} contains inf or nan; pass probabilities, not logits")
+    if (x < 0).any():
+        raise RuleError(f"{name} has negative entries; pass probabilities, not logits")
+    total = x.sum(-1, keepdim=True)
+    if (total <= 0).any():
+        raise RuleError(f"{name} has a row with zero total mass")
+    return x / total
+
+
+def as_laws(p: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validate and normalise a target/draft pair; shapes must agree (vocabularies too)."""
+    p_target, q_draft = as_law(p, "p"), as_law(q, "q")
+    if p_target.shape[-1] != q_draft.shape[-1]:
+        raise RuleError(
+            f"p and q have different vocabulary sizes ({p_target.shape[-1]} vs "
+            f"{q_draft.shape[-1]}); draft and target must share one vocabulary"
+        )
+    p_target, q_draft = torch.broadcast_tensors(p_target, q_draft)
+    return p_target, q_draft
+
+
+def safe_ratio(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
+    """``num / den`` with ``x/0 = +inf`` for ``x > 0`` and ``0/0 = 0``."""
+    ratio = numerator / denominator
+    return torch.where(numerator == 0, torch.zeros_like(ratio), ratio)
+
+
+def normalise_or(residual: torch.Tensor, default: torch.Tensor) -> torch.Tensor:
+    """``residual / Σ residual``, or ``default`` in rows where the residual has no mass.
+
+    An empty residual only happens where rejection has probability 0, so the default never
+    changes a law; it keeps ``fallback`` a valid distribution everywhere.
+    """
+    mass = residual.sum(-1, keepdim=True)
+    return torch.where(mass > 0, residual / torch.where(mass > 0, mass, 1.0), default)
+
+
+def one_hot_argmax(p_target: torch.Tensor) -> torch.Tensor:
+    """``δ_argmax p`` (first index at ties, as ``torch.argmax``)."""
+    return torch.zeros_like(p_target).scatter_(-1, p_target.argmax(-1, keepdim=True), 1.0)
+
+
+def restrict(p_target: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """``p_A = p·1_A / p(A)``: the target truncated to ``A`` and renormalised."""
+    return normalise_or(p_target * allowed, one_hot_argmax(p_target))
+
+
+def induced_by_mechanism(rule: "Rule", p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """``P = q·a + (1 − α)·f`` with ``α = Σ q·a``: the law of draw, coin, fallback, no closed form."""
+    p_target, q_draft = as_laws(p, q)
+    accept = rule.accept_prob(p_target, q_draft)
+    kept = q_draft * accept
+    alpha = kept.sum(-1, keepdim=True)
+    return kept + (1.0 - alpha).clamp(min=0.0) * rule.fallback(p_target, q_draft)
+
+
+# --------------------------------------------------------------------------------------------
+# Single-draft rules
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Base class: a single-draft verification rule ``(a, f, b)`` with its exact law."""
+
+    name: ClassVar[str] = ""
+    family: ClassVar[str] = ""
+    param_names: ClassVar[tuple[str, ...]] = ()
+    summary: ClassVar[str] = ""
+    tree_capable: ClassVar[bool] = False
+
+    @property
+    def params(self) -> dict[str, float]:
+        return {key: getattr(self, key) for key in self.param_names}
+
+    @property
+    def spec(self) -> str:
+        """The string ``get_rule`` parses back into this rule, e.g. ``lenience:0.5``."""
+        if not self.param_names:
+            return self.name
+        return self.name + ":" + ",".join(f"{getattr(self, key):g}" for key in self.param_names)
+
+    @property
+    def lossy(self) -> bool:
+        return self.family != "lossless"
+
+    def accept_prob(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """``a(v)`` for every token ``v``: the probability of keeping ``v`` when it is drafted."""
+        raise NotImplementedError
+
+    def fallback(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """Fallback law ``f`` sampled after a rejection (independent of the rejected token)."""
+        raise NotImplementedError
+
+    def bonus(self, p: torch.Tensor) -> torch.Tensor:
+        """Bonus law ``b`` sampled after a fully accepted block: ``p`` unless the rule says."""
+        return as_law(p, "p")
+
+    def induced(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """Exact one-step law of the emitted token, by the rule's closed form."""
+        return induced_by_mechanism(self, p, q)
+
+    def baseline(self, p: torch.Tensor) -> torch.Tensor:
+        """Matched baseline: the target sampled losslessly under the same truncation (``p``)."""
+        return as_law(p, "p")
+
+    def allowed_set(self, p: torch.Tensor) -> torch.Tensor | None:
+        """Truncation set ``A`` (bool ``[..., V]``) for truncation rules, else ``None``."""
+        return None
+
+    def acceptance(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """Per-position acceptance probability ``α = Σ_v q(v)·a(v)``."""
+        p_target, q_draft = as_laws(p, q)
+        return (q_draft * self.accept_prob(p_target, q_draft)).sum(-1)
+
+    def tree_accept(self, p_node: torch.Tensor, candidate: torch.Tensor) -> torch.Tensor:
+        """Acceptance of a deterministic candidate at a tree node with current law ``p_j``."""
+        raise RuleError(f"rule {self.spec!r} has no tree form; tree rules: {', '.join(TREE_RULES)}")
+
+    def simulate(
+        self, p: torch.Tensor, q: torch.Tensor, n: int, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
+        """``n`` emitted tokens per row from the real mechanism: ``x ~ q``, coin ``u < a(x)``, else ``y ~ f``.
+
+        Returns ``LongTensor[..., n]``. Draws use inverse-CDF sampling, as the engine does.
+        """
+        p_target, q_draft = as_laws(p, q)
+        shape = (*p_target.shape[:-1], n)
+        u_draft, u_accept, u_fallback = (
+            torch.rand(shape, generator=generator, dtype=torch.float64) for _ in range(3)
+        )
+        drafted = sample_inverse_cdf(q_draft, u_draft)
+        accept = self.accept_prob(p_target, q_draft).gather(-1, drafted)
+        fallback = sample_inverse_cdf(self.fallback(p_target, q_draft), u_fallback)
+        return torch.where(u_accept < accept, drafted, fallback)
+
+
+@dataclass(frozen=True)
+class Lossless(Rule):
+    name: ClassVar[str] = "lossless"
+    family: ClassVar[str] = "lossless"
+    summary: ClassVar[str] = "accept x with min(1, p/q); on rejection sample norm((p − q)+). Emits exactly p."
+    tree_capable: ClassVar[bool] = True
+
+    def accept_prob(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """``a = min(1, p/q)``."""
+        p_target, q_draft = as_laws(p, q)
+        return safe_ratio(p_target, q_draft).clamp(max=1.0)
+
+    def fallback(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """``f = norm((p − q)+)``."""
+        p_target, q_draft = as_laws(p, q)
+        return normalise_or((p_target - q_draft).clamp(min=0.0), p_target)
+
+    def induced(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """``P = p``."""
+        return as_laws(p, q)[0].clone()
+
+    def tree_accept(self, p_node: torch.Tensor, candidate: torch.Tensor) -> torch.Tensor:
+        """``a_j = p_j(c)``."""
+        return p_node.gather(-1, candidate.unsqueeze(-1)).squeeze(-1)
+
+
+@dataclass(frozen=True)
+class Greedy(Rule):
+    name: ClassVar[str] = "greedy"
+    family: ClassVar[str] = "lossless"
+    summary: ClassVar[str] = "accept x only if it is argmax p; emit argmax p otherwise (lossless for T = 0)."
+
+    def accept_prob(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """``a = 1[v = argmax p]``."""
+        return one_hot_argmax(as_laws(p, q)[0])
+
+    def fallback(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """``f = δ_argmax p``."""
+        return one_hot_argmax(as_laws(p, q)[0])
+
+    def bonus(self, p: torch.Tensor) -> torch.Tensor:
+        """``b = δ_argmax p``."""
+        return one_hot_argmax(as_law(p, "p"))
+
+    def induced(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """``P = δ_argmax p``."""
+        return one_hot_argmax(as_laws(p, q)[0])
+
+    def baseline(self, p: torch.Tensor) -> torch.Tensor:
+        """Greedy target decoding: ``δ_argmax p``."""
+        return one_hot_argmax(as_law(p, "p"))
+
+
+@dataclass(frozen=True)
+class _Truncation(Rule):
+    """Deterministic gate ``a = 1_A(v)``; fallback and bonus ``p`` (full): ``P = q·1_A + q(Aᶜ)·p``."""
+
+    family: ClassVar[str] = "truncation"
+
+    def _gate(self, p_target: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def allowed_set(self, p: torch.Tensor) -> torch.Tensor:
+        return self._gate(as_law(p, "p"))
+
+    def accept_prob(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """``a = 1_A(v)``: no coin, the gate is deterministic."""
+        p_target, _ = as_laws(p, q)
+        return self._gate(p_target).to(torch.float64)
+
+    def fallback(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """``f = p`` (the full target, not truncated)."""
+        return as_laws(p, q)[0].clone()
+
+    def induced(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """``P = q·1_A + q(Aᶜ)·f``."""
+        p_target, q_draft = as_laws(p, q)
+        allowed = self._gate(p_target)
+        rejected_mass = (q_draft * ~allowed).sum(-1, keepdim=True)
+        return q_draft * allowed + rejected_mass * self.fallback(p_target, q_draft)
+
+    def baseline(self, p: torch.Tensor) -> torch.Tensor:
+        """``p_A = p·1_A / p(A)``: lossless sampling under the same truncation."""
+        p_target = as_law(p, "p")
+        return restrict(p_target, self._gate(p_target))
+
+
+@dataclass(frozen=True)
+class Cascade(_Truncation):
+    m: float = 0.5
+    name: ClassVar[str] = "cascade"
+    param_names: ClassVar[tuple[str, ...]] = ("m",)
+    summary: ClassVar[str] = "SpecCascade token rule: keep x iff p(x) ≥ m·max p; else sample p."
+    tree_capable: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        _check_range("cascade", "m", self.m, 0.0, 1.0, low_open=True, hint="the min-p gate relative to max p")
+
+    def _gate(self, p_target: torch.Tensor) -> torch.Tensor:
+        """``A = {v : p(v) ≥ m·max p}`` (contains the argmax since ``m ≤ 1``)."""
+        return p_target >= self.m * p_target.amax(-1, keepdim=True)
+
+    def tree_accept(self, p_node: torch.Tensor, candidate: torch.Tensor) -> torch.Tensor:
+        """``a_j = 1[p_j(c) ≥ m·max p_j]``."""
+        picked = p_node.gather(-1, candidate.unsqueeze(-1)).squeeze(-1)
+        return (picked >= self.m * p_node.amax(-1)).to(torch.float64)
+
+
+def eta_threshold(p_target: torch.Tensor, eta: float) -> torch.Tensor:
+    """``τ(p) = min(η, √η·e^{−H(p)})`` with its trailing dimension kept."""
+    return torch.clamp(math.sqrt(eta) * torch.exp(-entropy(p_target)), max=eta).unsqueeze(-1)
+
+
+@dataclass(frozen=True)
+class Typical(_Truncation):
+    eta: float = 0.1
+    name: ClassVar[str] = "typical"
+    param_names: ClassVar[tuple[str, ...]] = ("eta",)
+    summary: ClassVar[str] = "eta gate: keep x iff p(x) ≥ min(η, √η·e^{−H(p)}); else sample p."
+    tree_capable: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        _check_range("typical", "eta", self.eta, 0.0, 1.0, low_open=True, hint="the eta cutoff")
+
+    def _gate(self, p_target: torch.Tensor) -> torch.Tensor:
+        """``A = {v : p(v) ≥ τ(p)}``; the argmax is in ``A`` for ``η ≤ 1`` (forced against rounding)."""
+        allowed = p_target >= eta_threshold(p_target, self.eta)
+        return allowed | one_hot_argmax(p_target).bool()
+
+    def tree_accept(self, p_node: torch.Tensor, candidate: torch.Tensor) -> torch.Tensor:
+        """Soft gate ``a_j = min(1, p_j(c)/τ(p_j))``, ``τ`` recomputed on each ``p_j``."""
+        picked = p_node.gather(-1, candidate.unsqueeze(-1)).squeeze(-1)
+        return (picked / eta_threshold(p_node, self.eta).squeeze(-1)).clamp(max=1.0)
+
+
+@dataclass(frozen=True)
+class Medusa(_Truncation):
+    eps: float = 0.09
+    delta: float = 0.3
+    name: ClassVar[str] = "medusa"
+    param_names: ClassVar[tuple[str, ...]] = ("eps", "delta")
+    summary: ClassVar[str] = "Medusa typical acceptance: keep x iff p(x) > min(ε, δ·e^{−H'}); else argmax p."
+
+    def __post_init__(self) -> None:
+        _check_range("medusa", "eps", self.eps, 0.0, 1.0, low_open=True, hint="the posterior threshold")
+        _check_range("medusa", "delta", self.delta, 0.0, 1.0, low_open=True, hint="the entropy factor")
+
+    def _gate(self, p_target: torch.Tensor) -> torch.Tensor:
+        """``A = {v : p(v) > min(ε, δ·e^{−H'(p)})}``, ``H' = −Σ p·log(p + 1e−5)``.
+
+        Not forced to contain the argmax: for a near-uniform ``p`` the threshold can exceed
+        ``max p``, every draft is rejected and the fallback ``δ_argmax`` is emitted.
+        """
+        h_prime = -(p_target * torch.log(p_target + 1e-5)).sum(-1, keepdim=True)
+        threshold = torch.clamp(self.delta * torch.exp(-h_prime), max=self.eps)
+        return p_target > threshold
+
+    def fallback(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """``f = δ_argmax p``."""
+        return one_hot_argmax(as_laws(p, q)[0])
+
+    def bonus(self, p: torch.Tensor) -> torch.Tensor:
+        """``b = δ_argmax p``."""
+        return one_hot_argmax(as_law(p, "p"))
+
+    def baseline(self, p: torch.Tensor) -> torch.Tensor:
+        """``p`` truncated to ``A ∪ {argmax}`` (a truncation always keeps the top token)."""
+        p_target = as_law(p, "p")
+        return restrict(p_target, self._gate(p_target) | one_hot_argmax(p_target).bool())
+
+
+@dataclass(frozen=True)
+class Lenience(Rule):
+    l: float = 0.5  # noqa: E741 - the paper's name for the lenience factor
+    name: ClassVar[str] = "lenience"
+    family: ClassVar[str] = "collaborative"
+    param_names: ClassVar[tuple[str, ...]] = ("l",)
+    summary: ClassVar[str] = "accept x with min(1, p/(l·q)); on rejection sample norm((p − q)+). P ≤ p/l."
+    tree_capable: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        _check_range("lenience", "l", self.l, 0.0, 1.0, low_open=True, hint="1 is lossless, smaller is more lenient")
+
+    def accept_prob(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """``a = min(1, p/(l·q))``."""
+        p_target, q_draft = as_laws(p, q)
+        return safe_ratio(p_target, self.l * q_draft).clamp(max=1.0)
+
+    def fallback(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """``f = norm((p − q)+)`` with the unscaled ``q``."""
+        p_target, q_draft = as_laws(p, q)
+        return normalise_or((p_target - q_draft).clamp(min=0.0), p_target)
+
+    def induced(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """Three regions, with ``Δ = β / TV(p, q)`` and ``β = Σ (q − p/l)+``.
+
+        ``q ≤ p``: ``Δ·p + (1 − Δ)·q``; ``p < q < p/l``: ``q``; ``q ≥ p/l``: ``p/l``.
+        ``β`` and ``TV`` are summed from positive parts so that ``Δ`` stays accurate as ``q → p``.
+        """
+        p_target, q_draft = as_laws(p, q)
+        ceiling = p_target / self.l
+        beta = (q_draft - ceiling).clamp(min=0.0).sum(-1, keepdim=True)
+        tv = (p_target - q_draft).clamp(min=0.0).sum(-1, keepdim=True)
+        delta = torch.where(tv > 0, beta / torch.where(tv > 0, tv, 1.0), 0.0)
+        under = delta * p_target + (1.0 - delta) * q_draft
+        return torch.where(q_draft <= p_target, under, torch.minimum(q_draft, ceiling))
+
+    def tree_accept(self, p_node: torch.Tensor, candidate: torch.Tensor) -> torch.Tensor:
+        """``a_j = min(1, p_j(c)/l)``."""
+        return (p_node.gather(-1, candidate.unsqueeze(-1)).squeeze(-1) / self.l).clamp(max=1.0)
+
+
+@dataclass(frozen=True)
+class CoS(Rule):
+    lam: float = 0.4
+    name: ClassVar[str] = "cos"
+    family: ClassVar[str] = "collaborative"
+    param_names: ClassVar[tuple[str, ...]] = ("lam",)
+    summary: ClassVar[str] = "CoS ensemble: lossless verification of r = λ·q + (1 − λ)·p (λ = draft weight)."
+
+    def __post_init__(self) -> None:
+        _check_range("cos", "lam", self.lam, 0.0, 1.0, hint="the draft's weight in the ensemble; 0 is lossless")
+
+    def ensemble(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """``r = λ·q + (1 − λ)·p``."""
+        p_target, q_draft = as_laws(p, q)
+        return self.lam * q_draft + (1.0 - self.lam) * p_target
+
+    def accept_prob(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """``a = min(1, r/q)``."""
+        p_target, q_draft = as_laws(p, q)
+        return safe_ratio(self.ensemble(p_target, q_draft), q_draft).clamp(max=1.0)
+
+    def fallback(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """``f = norm((r − q)+) = norm((p − q)+)``.
+
+        ``(r − q)+ = (1 − λ)·(p − q)+``; the right-hand form avoids normalising rounding noise
+        at ``λ = 1``, where the fallback is never used.
+        """
+        p_target, q_draft = as_laws(p, q)
+        return normalise_or((p_target - q_draft).clamp(min=0.0), p_target)
+
+    def induced(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """``P = r``."""
+        return self.ensemble(p, q)
+
+
+@dataclass(frozen=True)
+class Mentored(Rule):
+    alpha: float = 0.5
+    beta: float = 2.0
+    name: ClassVar[str] = "mentored"
+    family: ClassVar[str] = "collaborative"
+    param_names: ClassVar[tuple[str, ...]] = ("alpha", "beta")
+    summary: ClassVar[str] = "accept x with min(1, p/(α·q)); on rejection sample norm((p/β − q)+)."
+
+    def __post_init__(self) -> None:
+        _check_range("mentored", "alpha", self.alpha, 0.0, 1.0, low_open=True, hint="the acceptance ceiling p/alpha")
+        if not (isinstance(self.beta, (int, float)) and math.isfinite(self.beta) and self.beta >= 1.0):
+            raise RuleError(f"mentored:{self.alpha:g},{self.beta:g} is out of range: beta must be >= 1 (the floor p/beta)")
+
+    def accept_prob(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """``a = min(1, p/(α·q))``."""
+        p_target, q_draft = as_laws(p, q)
+        return safe_ratio(p_target, self.alpha * q_draft).clamp(max=1.0)
+
+    def fallback(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """``f = norm((p/β − q)+)``; ``p`` where that residual is empty."""
+        p_target, q_draft = as_laws(p, q)
+        return normalise_or((p_target / self.beta - q_draft).clamp(min=0.0), p_target)
+
+    def induced(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """``P = min(q, p/α) + (1 − α_acc)·norm((p/β − q)+)``; equals ``clip(q, p/β, p/α)`` when masses match."""
+        return induced_by_mechanism(self, p, q)
+
+
+# --------------------------------------------------------------------------------------------
+# Parsing
+# --------------------------------------------------------------------------------------------
+
+RULES: dict[str, type[Rule]] = {
+    cls.name: cls for cls in (Lossless, Greedy, Cascade, Typical, Medusa, Lenience, CoS, Mentored)
+}
+TREE_RULES: tuple[str, ...] = tuple(name for name, cls in RULES.items() if cls.tree_capable)
+EXAMPLE_SPECS: tuple[str, ...] = (
+    "lossless", "greedy", "cascade:0.5", "typical:0.1", "medusa:0.09,0.3",
+    "lenience:0.5", "cos:0.4", "mentored:0.5,2",
+)
+
+
+def _check_range(
+    rule: str, param: str, value: float, low: float, high: float, *, low_open: bool = False, hint: str = ""
+) -> None:
+    ok = isinstance(value, (int, float)) and math.isfinite(value)
+    ok = ok and (value > low if low_open else value >= low) and value <= high
+    if not ok:
+        interval = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+        shown = f"{value:g}" if isinstance(value, (int, float)) else repr(value)
+        raise RuleError(
+            f"{rule}:{shown} is out of range: {param} must lie in {interval}" + (f" ({hint})" if hint else "")
+        )
+
+
+def _usage(name: str) -> str:
+    cls = RULES[name]
+    return name + (":" + ",".join(cls.param_names) if cls.param_names else "")
+
+
+def get_rule(spec: str | Rule, **params: float) -> Rule:
+    """Build a rule from a spec (``"lenience:0.5"``, ``"medusa:0.09,0.3"``) or a name plus keywords.
+
+    ``get_rule("lenience", l=0.5) == get_rule("lenience:0.5")``. Raises ``RuleError`` with a
+    one-line message for an unknown name, a wrong parameter count or an out-of-range value.
+    """
+    if isinstance(spec, Rule):
+        return spec
+    if not isinstance(spec, str) or not spec.strip():
+        raise RuleError(f"empty rule spec; use one of {', '.join(EXAMPLE_SPECS)}")
+    name, _, arg_text = spec.strip().partition(":")
+    name = name.strip().lower()
+    if name not in RULES:
+        raise RuleError(f"unknown rule {name!r}; use one of {', '.join(_usage(n) for n in RULES)} (e.g. lenience:0.5)")
+    cls = RULES[name]
+    values: dict[str, float] = {}
+    if arg_text.strip():
+        pieces = [piece.strip() for piece in arg_text.split(",")]
+        if len(pieces) != len(cls.param_names):
+            raise RuleError(f"rule {name} takes {len(cls.param_names)} parameter(s): write {_usage(name)}")
+        for key, piece in zip(cls.param_names, pieces):
+            try:
+                values[key] = float(piece)
+            except ValueError:
+                raise RuleError(f"rule {name}: {key}={piece!r} is not a number; write {_usage(name)}") from None
+    unknown = set(params) - set(cls.param_names)
+    if unknown:
+        raise RuleError(f"rule {name} has no parameter {sorted(unknown)[0]!r}; write {_usage(name)}")
+    values.update({key: float(value) for key, value in params.items()})
+    missing = [key for key in cls.param_names if key not in values]
+    if missing:
+        raise RuleError(f"rule {name} needs {', '.join(missing)}: write {_usage(name)}, e.g. {_example(name)}")
+    return cls(**values)
+
+
+def _example(name: str) -> str:
+    return next(spec for spec in EXAMPLE_SPECS if spec.split(":")[0] == name)
+
+
+# --------------------------------------------------------------------------------------------
+# Tree verification with ordered deterministic candidates (EAGLE-style)
+# --------------------------------------------------------------------------------------------
+
+
+def _without(p_node: torch.Tensor, candidate: torch.Tensor) -> torch.Tensor:
+    """``p_{j+1}``: ``p_j`` with ``candidate`` zeroed and renormalised (zeros if nothing is left)."""
+    removed = p_node.scatter(-1, candidate.unsqueeze(-1), 0.0)
+    return normalise_or(removed, torch.zeros_like(removed))
+
+
+@dataclass(frozen=True)
+class TreeRule:
+    """A node of a token tree: candidates ``c_1 … c_K`` tried in order with ``a(p_j, c_j)``.
+
+    On rejection of ``c_j``, ``p_{j+1} = p_j`` with ``c_j`` zeroed and renormalised; if every
+    candidate is rejected a token is drawn from ``p_{K+1}``.
+    """
+
+    rule: Rule
+    kind: ClassVar[str] = "tree"
+
+    def __post_init__(self) -> None:
+        if not self.rule.tree_capable:
+            raise RuleError(f"rule {self.rule.spec!r} has no tree form; tree rules: {', '.join(TREE_RULES)}")
+
+    @property
+    def spec(self) -> str:
+        return f"tree:{self.rule.spec}"
+
+    def _nodes(self, p: torch.Tensor, candidates: torch.Tensor):
+        """Yield ``(c_j, a_j)`` down the sibling list, then ``p_{K+1}``, following the mechanism."""
+        p_node = as_law(p, "p")
+        candidates = torch.as_tensor(candidates, dtype=torch.long)
+        candidates = candidates.expand(*p_node.shape[:-1], candidates.shape[-1])
+        if (candidates < 0).any() or (candidates >= p_node.shape[-1]).any():
+            raise RuleError(f"tree candidates must be token ids in [0, {p_node.shape[-1]})")
+        steps = []
+        for j in range(candidates.shape[-1]):
+            candidate = candidates[..., j]
+            has_mass = p_node.sum(-1) > 0
+            accept = torch.where(has_mass, self.rule.tree_accept(p_node, candidate), 0.0)
+            steps.append((candidate, accept))
+            p_node = _without(p_node, candidate)
+        return steps, p_node
+
+    def induced(self, p: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+        """Exact node law: ``P(c_j) = a_j·Π_{i<j}(1 − a_i)``, ``P(v ∉ C) = Π_i(1 − a_i)·p_{K+1}(v)``."""
+        steps, p_rest = self._nodes(p, candidates)
+        law = torch.zeros_like(p_rest)
+        survive = torch.ones(p_rest.shape[:-1], dtype=torch.float64)
+        for candidate, accept in steps:
+            law.scatter_add_(-1, candidate.unsqueeze(-1), (survive * accept).unsqueeze(-1))
+            survive = survive * (1.0 - accept)
+        return law + survive.unsqueeze(-1) * p_rest
+
+    def acceptance(self, p: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+        """Probability that some candidate is accepted: ``1 − Π_j (1 − a_j)``."""
+        steps, _ = self._nodes(p, candidates)
+        survive = torch.ones(steps[0][1].shape, dtype=torch.float64) if steps else torch.tensor(1.0)
+        for _, accept in steps:
+            survive = survive * (1.0 - accept)
+        return 1.0 - survive
+
+    def baseline(self, p: torch.Tensor) -> torch.Tensor:
+        """Same matched baseline as the single-draft rule."""
+        return self.rule.baseline(p)
+
+    def simulate(
+        self, p: torch.Tensor, candidates: torch.Tensor, n: int, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
+        """``n`` tokens per row from the sibling mechanism: one coin per candidate in order, then ``p_{K+1}``."""
+        steps, p_rest = self._nodes(p, candidates)
+        shape = (*p_rest.shape[:-1], n)
+        has_rest = p_rest.sum(-1, keepdim=True) > 0
+        # Rows where nothing is left always accept a candidate; give them a dummy law to draw from.
+        p_rest = torch.where(has_rest, p_rest, torch.ones_like(p_rest))
+        emitted = sample_inverse_cdf(p_rest, torch.rand(shape, generator=generator, dtype=torch.float64))
+        decided = torch.zeros(shape, dtype=torch.bool)
+        for candidate, accept in steps:
+            coin = torch.rand(shape, generator=generator, dtype=torch.float64)
+            take = ~decided & (coin < accept.unsqueeze(-1))
+            emitted = torch.where(take, candidate.unsqueeze(-1).expand(shape), emitted)
+            decided |= take
+        return emitted
+
+
+def get_tree_rule(spec: str | Rule, **params: float) -> TreeRule:
+    """Tree form of a rule spec (``lossless``, ``lenience:l``, ``cascade:m``, ``typical:eta``)."""
+    return TreeRule(get_rule(spec, **params))
+
+
+def top_candidates(q: torch.Tensor, k: int) -> torch.Tensor:
+    """The draft's top-``k`` tokens in decreasing ``q`` (ties by lower id): EAGLE's candidates."""
+    q_draft = as_law(q, "q")
+    order = torch.sort(-q_draft, dim=-1, stable=True).indices
+    return order[..., :k]
+
+
+# --------------------------------------------------------------------------------------------
+# Sampled multi-draft lossless verification (SpecInfer-style)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SampledMultiDraft:
+    """``K`` i.i.d. drafts ``x_j ~ q``; accept ``x_j`` w.p. ``min(1, p_j(x_j)/q(x_j))``, ``p_{j+1} = norm((p_j − q)+)``."""
+
+    k: int = 2
+    spec: ClassVar[str] = "multidraft"
+
+    def __post_init__(self) -> None:
+        if int(self.k) != self.k or self.k < 1:
+            raise RuleError(f"multi-draft verification needs k >= 1 drafts, got {self.k}")
+
+    def _residuals(self, p_target: torch.Tensor, q_draft: torch.Tensor) -> list[torch.Tensor]:
+        laws = [p_target]
+        for _ in range(self.k):
+            laws.append(normalise_or((laws[-1] - q_draft).clamp(min=0.0), laws[-1]))
+        return laws
+
+    def induced(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """``P = Σ_j Π_{i<j}(1 − α_i)·min(p_j, q) + Π_i(1 − α_i)·p_{K+1}``, ``α_j = Σ min(p_j, q)``; equals ``p``."""
+        p_target, q_draft = as_laws(p, q)
+        laws = self._residuals(p_target, q_draft)
+        law = torch.zeros_like(p_target)
+        survive = torch.ones((*p_target.shape[:-1], 1), dtype=torch.float64)
+        for p_node in laws[:-1]:
+            kept = torch.minimum(p_node, q_draft)
+            law = law + survive * kept
+            survive = survive * (1.0 - kept.sum(-1, keepdim=True)).clamp(min=0.0)
+        return law + survive * laws[-1]
+
+    def simulate(
+        self, p: torch.Tensor, q: torch.Tensor, n: int, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
+        """``n`` tokens per row: draw each ``x_j ~ q``, coin against ``p_j(x_j)/q(x_j)``, then ``p_{K+1}``."""
+        p_target, q_draft = as_laws(p, q)
+        laws = self._residuals(p_target, q_draft)
+        shape = (*p_target.shape[:-1], n)
+        emitted = sample_inverse_cdf(laws[-1], torch.rand(shape, generator=generator, dtype=torch.float64))
+        decided = torch.zeros(shape, dtype=torch.bool)
+        for p_node in laws[:-1]:
+            drafted = sample_inverse_cdf(q_draft, torch.rand(shape, generator=generator, dtype=torch.float64))
+            accept = safe_ratio(p_node, q_draft).clamp(max=1.0).gather(-1, drafted)
+            take = ~decided & (torch.rand(shape, generator=generator, dtype=torch.float64) < accept)
+            emitted = torch.where(take, drafted, emitted)
+            decided |= take
+        return emitted

@@ -1,0 +1,74 @@
+"""Shared fixtures: deterministic random laws with the corner cases the rules must survive."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def dirichlet(vocab: int, concentration: float, generator: torch.Generator) -> torch.Tensor:
+    """A Dirichlet(concentration) law over ``vocab`` tokens, in float64."""
+    gamma = torch._standard_gamma(torch.full((vocab,), concentration, dtype=torch.float64), generator=generator)
+    gamma = gamma.clamp(min=1e-300)
+    return gamma / gamma.sum()
+
+
+def truncate_top(law: torch.Tensor, keep: int) -> torch.Tensor:
+    """Zero all but the ``keep`` largest entries and renormalise (a truncated policy)."""
+    kept = torch.zeros_like(law)
+    top = torch.topk(law, keep).indices
+    kept[top] = law[top]
+    return kept / kept.sum()
+
+
+def corner_pairs(vocab: int, count: int, seed: int) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """``count`` random ``(label, p, q)`` pairs plus every named corner case at this vocabulary."""
+    generator = torch.Generator().manual_seed(seed)
+    pairs: list[tuple[str, torch.Tensor, torch.Tensor]] = []
+    concentrations = (0.1, 0.5, 1.0, 5.0)
+    for index in range(count):
+        c_p = concentrations[index % 4]
+        c_q = concentrations[(index // 4) % 4]
+        p = dirichlet(vocab, c_p, generator)
+        q = dirichlet(vocab, c_q, generator)
+        kind = index % 5
+        if kind == 1:  # truncated target: zeros in p
+            p = truncate_top(p, max(1, vocab // 2))
+        elif kind == 2:  # truncated draft: zeros in q
+            q = truncate_top(q, max(1, vocab // 3))
+        elif kind == 3:  # both truncated
+            p = truncate_top(p, max(1, vocab // 2))
+            q = truncate_top(q, max(1, vocab // 2))
+        pairs.append((f"random{index}", p, q))
+    uniform = torch.full((vocab,), 1.0 / vocab, dtype=torch.float64)
+    p = dirichlet(vocab, 1.0, generator)
+    one_hot = torch.zeros(vocab, dtype=torch.float64)
+    one_hot[vocab // 2] = 1.0
+    ties = torch.tensor([(i % 3) + 1 for i in range(vocab)], dtype=torch.float64)
+    ties = ties / ties.sum()
+    q_hole = dirichlet(vocab, 1.0, generator)
+    q_hole[p.argmax()] = 0.0  # the target's favourite can never be drafted
+    q_hole = q_hole / q_hole.sum()
+    pairs += [
+        ("p_equals_q", p, p.clone()),
+        ("one_hot_p", one_hot, dirichlet(vocab, 1.0, generator)),
+        ("one_hot_both", one_hot, one_hot.clone()),
+        ("point_mass_draft", p, one_hot),
+        ("uniform_p", uniform, dirichlet(vocab, 0.5, generator)),
+        ("ties", ties, ties.flip(0)),
+        ("q_zero_on_argmax", p, q_hole),
+    ]
+    return pairs
+
+
+@pytest.fixture
+def toy_pair() -> tuple[torch.Tensor, torch.Tensor]:
+    """The paper's toy pair: q = [.55, .25, .15, .05], p = [.05, .15, .25, .55]."""
+    p = torch.tensor([0.05, 0.15, 0.25, 0.55], dtype=torch.float64)
+    q = torch.tensor([0.55, 0.25, 0.15, 0.05], dtype=torch.float64)
+    return p, q
