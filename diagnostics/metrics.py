@@ -18,10 +18,13 @@ def total_variation(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def kl_divergence(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``KL(a ‖ b) = Σ_v a(v) log(a(v) / b(v))``; ``+inf`` where ``a > 0 = b``."""
+    """``KL(a ‖ b) = Σ_v a(v) log(a(v) / b(v))``; ``+inf`` where ``a > 0 = b``.
+
+    Clamped at 0: a negative value can only be rounding (``KL ≥ 0``).
+    """
     a, b = _f64(a), _f64(b)
     terms = torch.xlogy(a, a) - torch.xlogy(a, b)
-    return terms.sum(-1)
+    return terms.sum(-1).clamp(min=0.0)
 
 
 def entropy(p: torch.Tensor) -> torch.Tensor:

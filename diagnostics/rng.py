@@ -85,7 +85,7 @@ def uniforms(
         for field, key in zip(fields, _FIELD_KEYS):
             state = _mix64(state ^ field ^ key)
     words = (state >> np.uint64(11)).astype(np.float64)
-    return torch.from_numpy(words * (1.0 / 9007199254740992.0))
+    return torch.from_numpy(np.asarray(words * (1.0 / 9007199254740992.0), dtype=np.float64))
 
 
 def sample_inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

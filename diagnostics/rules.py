@@ -43,9 +43,10 @@ def as_law(x: torch.Tensor, name: str = "p") -> torch.Tensor:
     x = x.to(torch.float64)
     if x.dim() == 0:
         raise RuleError(f"{name} must have a vocabulary dimension, got a scalar")
-    if not torch.isfinite(x).all():
-        raise RuleError(f"{name} contains inf or nan; pass probabilities, not logits")
-    if (x < 0).any():
+    # One fused pass in the common case; diagnose only when something is wrong.
+    if not ((x >= 0) & (x < math.inf)).all():
+        if not torch.isfinite(x).all():
+            raise RuleError(f"{name} contains inf or nan; pass probabilities, not logits")
         raise RuleError(f"{name} has negative entries; pass probabilities, not logits")
     total = x.sum(-1, keepdim=True)
     if (total <= 0).any():

@@ -1,0 +1,173 @@
+"""Every figure of the project, built with Plotly, shared by the pages and the HTML report.
+
+Token text is untrusted: every label passes through ``safe_label`` (HTML-escaped, control
+characters made visible) before it reaches a figure, because Plotly renders a subset of HTML
+in labels and hover text.
+"""
+
+from __future__ import annotations
+
+import html
+
+import plotly.graph_objects as go
+import torch
+
+from diagnostics.explain import StepView
+from diagnostics.sweep import Sweep
+
+COLORS = {
+    "p": "#1f77b4",  # target
+    "q": "#ff7f0e",  # draft
+    "induced": "#2ca02c",
+    "baseline": "#7f7f7f",
+    "fallback": "#9467bd",
+    "overshoot": "rgba(255, 127, 14, 0.12)",
+    "severe": "rgba(214, 39, 40, 0.22)",
+    "allowed": "#17becf",
+    "ceiling": "#d62728",
+}
+RULE_COLORS = ["#d62728", "#9467bd", "#1f77b4", "#2ca02c", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]
+
+
+def safe_label(text: str, limit: int = 40) -> str:
+    """Token text made safe for a chart: control characters shown as escapes, HTML escaped, cut to ``limit``."""
+    visible = text.encode("unicode_escape").decode("ascii") if not text.isprintable() else text
+    if len(visible) > limit:
+        visible = visible[: limit - 1] + "…"
+    return html.escape(visible, quote=True)
+
+
+def _top_tokens(view: StepView, top_n: int) -> list[int]:
+    """Tokens worth showing: all when the vocabulary is small, else the top ``top_n`` by ``max(p, q, P)``."""
+    vocab = view.p_target.numel()
+    if vocab <= top_n:
+        return list(range(vocab))
+    score = torch.stack([view.p_target, view.q_draft, view.induced]).amax(0)
+    return torch.topk(score, top_n).indices.sort().values.tolist()
+
+
+def law_figure(view: StepView, top_n: int = 30, show_fallback: bool = False) -> go.Figure:
+    """Bars of ``p``, ``q``, the induced law ``P`` and the matched baseline over the top tokens.
+
+    Background shading marks the overshoot region ``q > p`` (orange) and the severe overshoot
+    ``q ≥ p/l`` (red); dashes mark the ceiling ``p/l``; triangles mark the allowed set ``A``.
+    """
+    tokens = _top_tokens(view, top_n)
+    labels = [safe_label(view.labels[index]) for index in tokens]
+    # Plotly needs distinct category names; prefix ids only when labels collide.
+    if len(set(labels)) != len(labels):
+        labels = [f"{index}:{label}" for index, label in zip(tokens, labels)]
+
+    def values(tensor: torch.Tensor) -> list[float]:
+        return [float(tensor[index]) for index in tokens]
+
+    figure = go.Figure()
+    series = [
+        ("target p", view.p_target, COLORS["p"], True),
+        ("draft q", view.q_draft, COLORS["q"], True),
+        ("induced P", view.induced, COLORS["induced"], True),
+        ("matched baseline", view.baseline, COLORS["baseline"], True),
+        ("fallback f", view.fallback, COLORS["fallback"], True if show_fallback else "legendonly"),
+    ]
+    accept = values(view.accept)
+    for name, tensor, color, visible in series:
+        figure.add_bar(
+            name=name,
+            x=labels,
+            y=values(tensor),
+            marker_color=color,
+            visible=visible,
+            customdata=accept,
+            hovertemplate=f"%{{x}}<br>{name} = %{{y:.4f}}<br>a(v) = %{{customdata:.3f}}<extra></extra>",
+        )
+    p_values, q_values = values(view.p_target), values(view.q_draft)
+    ceiling = values(view.ceiling) if view.ceiling is not None else None
+    for position, (p_v, q_v) in enumerate(zip(p_values, q_values)):
+        if ceiling is not None and q_v > 0 and q_v >= ceiling[position]:
+            fill = COLORS["severe"]
+        elif q_v > p_v:
+            fill = COLORS["overshoot"]
+        else:
+            continue
+        figure.add_vrect(x0=position - 0.5, x1=position + 0.5, fillcolor=fill, line_width=0, layer="below")
+    if ceiling is not None:
+        figure.add_scatter(
+            name="ceiling p/l",
+            x=labels,
+            y=ceiling,
+            mode="markers",
+            marker={"symbol": "line-ew-open", "size": 26, "color": COLORS["ceiling"], "line": {"width": 2}},
+            hovertemplate="%{x}<br>p/l = %{y:.4f}<extra></extra>",
+        )
+    if view.allowed is not None:
+        allowed = [labels[i] for i, index in enumerate(tokens) if bool(view.allowed[index])]
+        figure.add_scatter(
+            name="allowed set A",
+            x=allowed,
+            y=[0.0] * len(allowed),
+            mode="markers",
+            marker={"symbol": "triangle-up", "size": 11, "color": COLORS["allowed"]},
+            hovertemplate="%{x} is in A<extra></extra>",
+        )
+    # Legend-only entries explain the shading.
+    figure.add_scatter(name="overshoot q > p", x=[None], y=[None], mode="markers",
+                       marker={"symbol": "square", "size": 12, "color": "rgba(255,127,14,0.35)"})
+    if ceiling is not None:
+        figure.add_scatter(name="severe q ≥ p/l", x=[None], y=[None], mode="markers",
+                           marker={"symbol": "square", "size": 12, "color": "rgba(214,39,40,0.45)"})
+    figure.update_layout(
+        barmode="group",
+        title=f"{html.escape(view.spec)}: target, draft, induced law and matched baseline",
+        xaxis_title="token",
+        yaxis_title="probability",
+        legend={"orientation": "h", "y": -0.25},
+        margin={"t": 50, "b": 40, "l": 50, "r": 10},
+        height=430,
+    )
+    return figure
+
+
+def sweep_figure(sweep: Sweep, against: str = "baseline") -> go.Figure:
+    """Distortion of every rule as ``q`` moves to ``p``; tree rules dashed, truncation limits dotted.
+
+    ``against="baseline"`` plots ``TV(P_t, baseline)`` with the limit ``p(Aᶜ)²`` for truncation
+    rules; ``against="target"`` plots ``TV(P_t, p)`` with the limit ``p(A)·p(Aᶜ)``.
+    """
+    if against not in ("baseline", "target"):
+        raise ValueError("against must be 'baseline' or 'target'")
+    figure = go.Figure()
+    colors: dict[str, str] = {}
+    for curve in sweep.curves:
+        color = colors.setdefault(curve.spec, RULE_COLORS[len(colors) % len(RULE_COLORS)])
+        values = curve.tv_baseline if against == "baseline" else curve.tv_target
+        figure.add_scatter(
+            name=html.escape(curve.label),
+            x=curve.t,
+            y=values,
+            mode="lines",
+            line={"color": color, "dash": "dash" if curve.tree else "solid", "width": 2},
+            customdata=curve.acceptance,
+            hovertemplate=f"{html.escape(curve.label)}<br>t = %{{x:.3f}}<br>TV = %{{y:.4f}}"
+            "<br>acceptance = %{customdata:.3f}<extra></extra>",
+        )
+        limit = curve.limit_baseline if against == "baseline" else curve.limit_target
+        if limit is not None:
+            name = "p(Aᶜ)²" if against == "baseline" else "p(A)·p(Aᶜ)"
+            figure.add_scatter(
+                name=f"limit {name}, {html.escape(curve.spec)}",
+                x=[0.0, 1.0],
+                y=[limit, limit],
+                mode="lines",
+                line={"color": color, "dash": "dot", "width": 1},
+                hovertemplate=f"{name} = {limit:.4f}<extra></extra>",
+            )
+    ylabel = "TV(P, matched baseline)" if against == "baseline" else "TV(P, p)"
+    figure.update_layout(
+        title=f"Distortion as the draft moves toward the target: q_t = (1 − t)·q + t·p ({ylabel})",
+        xaxis_title="interpolation t (0 = the draft, 1 = a perfect draft q = p)",
+        yaxis_title=ylabel,
+        legend={"orientation": "v"},
+        margin={"t": 50, "b": 40, "l": 50, "r": 10},
+        height=450,
+    )
+    return figure
