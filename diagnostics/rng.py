@@ -14,6 +14,7 @@ replay and coupling trivial.
 
 from __future__ import annotations
 
+import math
 from typing import Final
 
 import numpy as np
@@ -77,6 +78,8 @@ def uniforms(
     that neighbouring counters in any field give independent-looking words. The top 53 bits make
     a float64 in ``[0, 1)`` with every value a multiple of ``2**-53``.
     """
+    if all(isinstance(value, int) for value in (seed, position, sibling)):
+        return torch.tensor(uniform_scalar(seed, position, slot, sibling), dtype=torch.float64)
     with np.errstate(over="ignore"):
         fields = np.broadcast_arrays(
             _as_u64(seed), _as_u64(position), _as_u64(slot_id(slot)), _as_u64(sibling)
@@ -88,6 +91,26 @@ def uniforms(
     return torch.from_numpy(np.asarray(words * (1.0 / 9007199254740992.0), dtype=np.float64))
 
 
+def _mix64_int(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+_FIELD_INTS: Final[tuple[int, ...]] = tuple(int(key) for key in _FIELD_KEYS)
+
+
+def uniform_scalar(seed: int, position: int, slot: str | int, sibling: int = 0) -> float:
+    """One uniform, bit-identical to ``uniforms`` for the same key, in plain Python integers (fast path)."""
+    state = 0
+    for field, key in zip((seed, position, slot_id(slot), sibling), _FIELD_INTS):
+        if field < 0:
+            raise ValueError("rng keys (seed, position, sibling) must be non-negative")
+        state = _mix64_int(state ^ field ^ key)
+    return (state >> 11) * (1.0 / 9007199254740992.0)
+
+
 def sample_inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Token ``v`` with ``F(v-1) <= u * F(V-1) < F(v)`` where ``F`` is the cumulative sum of ``probs``.
 
@@ -96,21 +119,21 @@ def sample_inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     and never returns a zero-probability token: a zero entry has an empty CDF interval, and a
     ``u`` rounding onto the total is sent to the last token with positive mass.
     """
-    if (probs < 0).any() or not torch.isfinite(probs).all():
+    if not ((probs >= 0) & (probs < math.inf)).all():
         raise ValueError("sample_inverse_cdf needs finite, non-negative probabilities")
     cdf = probs.to(torch.float64).cumsum(-1)
     total = cdf[..., -1:]
-    if (total <= 0).any():
+    if not (total > 0).all():
         raise ValueError("sample_inverse_cdf needs a positive total mass in every row")
     u = u.to(torch.float64)
     squeeze = u.dim() == probs.dim() - 1
     if squeeze:
         u = u.unsqueeze(-1)
-    targets = (u * total).contiguous()
-    tokens = torch.searchsorted(cdf.contiguous(), targets, right=True)
-    # Last token with positive mass: the only safe landing point for u * total == total.
-    positive = probs > 0
+    tokens = torch.searchsorted(cdf, (u * total).contiguous(), right=True)
     vocab = probs.shape[-1]
-    last_positive = vocab - 1 - positive.flip(-1).to(torch.int64).argmax(-1, keepdim=True)
-    tokens = torch.minimum(tokens, last_positive.expand_as(tokens))
+    # right=True lands on a token with cdf[v-1] <= x < cdf[v], so p(v) > 0; only x rounding onto
+    # the total runs past the end, and goes to the last token with positive mass.
+    if (tokens >= vocab).any():
+        last_positive = vocab - 1 - (probs > 0).flip(-1).to(torch.int64).argmax(-1, keepdim=True)
+        tokens = torch.minimum(tokens, last_positive.expand_as(tokens))
     return tokens.squeeze(-1) if squeeze else tokens

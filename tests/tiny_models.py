@@ -1,0 +1,83 @@
+"""Tiny random-weight causal LMs built locally: the same code path as real models, in milliseconds."""
+
+from __future__ import annotations
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from diagnostics.models import LoadedModel, wrap_model
+
+
+def tiny_llama(seed: int, vocab: int = 12, layers: int = 2, sharpness: float = 1.0, eos: int | None = None) -> LoadedModel:
+    """A ``layers``-layer Llama over ``vocab`` tokens; ``sharpness`` scales the head (peakier laws)."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        initializer_range=0.3, tie_word_embeddings=False,
+        eos_token_id=eos if eos is not None else vocab - 1, bos_token_id=0, pad_token_id=None,
+    )
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(sharpness)
+    model.generation_config.eos_token_id = config.eos_token_id
+    return wrap_model(model.eval(), tokenizer=None, name=f"tiny-llama-{seed}")
+
+
+class TinyCausalLM(torch.nn.Module):
+    """A one-layer, one-head causal transformer with a real ``DynamicCache``, ~20 torch ops a forward.
+
+    Same interface as a transformers causal LM for what the engine uses (``input_ids``,
+    ``past_key_values``, ``use_cache``, ``logits_to_keep`` → ``.logits``). Absolute position
+    embeddings read the cache length, and attention reads every cached key, so a stale or
+    missing cache entry changes the law: what the losslessness tests need, at a fraction of a
+    Llama forward's Python overhead.
+    """
+
+    def __init__(self, vocab: int, seed: int, dim: int = 8, sharpness: float = 1.5, max_positions: int = 64) -> None:
+        super().__init__()
+        from transformers import GenerationConfig
+
+        self.config = LlamaConfig(
+            vocab_size=vocab, hidden_size=dim, intermediate_size=dim, num_hidden_layers=1,
+            num_attention_heads=1, num_key_value_heads=1, max_position_embeddings=max_positions,
+            eos_token_id=vocab - 1,
+        )
+        self.generation_config = GenerationConfig(eos_token_id=vocab - 1)
+        generator = torch.Generator().manual_seed(seed)
+
+        def weight(*shape: int, scale: float = 1.0) -> torch.nn.Parameter:
+            return torch.nn.Parameter(torch.randn(*shape, generator=generator) * scale, requires_grad=False)
+
+        self.embed = weight(vocab, dim)
+        self.positions = weight(max_positions, dim)
+        self.query, self.key, self.value = weight(dim, dim, scale=dim**-0.5), weight(dim, dim, scale=dim**-0.5), weight(dim, dim, scale=dim**-0.5)
+        self.head = torch.nn.Linear(dim, vocab, bias=False)
+        self.head.weight = weight(vocab, dim, scale=sharpness)
+        self.scale = dim**-0.5
+
+    def get_output_embeddings(self) -> torch.nn.Linear:
+        return self.head
+
+    def forward(self, input_ids: torch.Tensor, past_key_values=None, use_cache: bool = True, logits_to_keep: int = 0, **_: object):
+        from types import SimpleNamespace
+
+        start = past_key_values.get_seq_length() if past_key_values is not None else 0
+        length = input_ids.shape[1]
+        hidden = self.embed[input_ids] + self.positions[start : start + length][None]
+        query = (hidden @ self.query)[:, None]
+        keys, values = (hidden @ self.key)[:, None], (hidden @ self.value)[:, None]
+        if past_key_values is not None:
+            keys, values = past_key_values.update(keys, values, 0)
+        scores = (query @ keys.transpose(-1, -2)) * self.scale
+        total = keys.shape[-2]
+        causal = torch.arange(total)[None, :] > (torch.arange(length)[:, None] + total - length)
+        attended = torch.softmax(scores.masked_fill(causal, -torch.inf), dim=-1) @ values
+        logits = self.head(torch.tanh(hidden + attended[:, 0]))
+        if logits_to_keep:
+            logits = logits[:, -logits_to_keep:]
+        return SimpleNamespace(logits=logits)
+
+
+def tiny_lm(vocab: int, seed: int, sharpness: float = 1.5) -> LoadedModel:
+    return wrap_model(TinyCausalLM(vocab, seed, sharpness=sharpness).eval(), tokenizer=None, name=f"tiny-lm-{seed}")
