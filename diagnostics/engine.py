@@ -173,7 +173,8 @@ def make_drafter(draft: Any, target: LoadedModel, policy: Policy) -> Drafter | N
         return draft
     loaded = wrap_model(draft)
     check_vocabularies(target, loaded)
-    return ModelDrafter(loaded, policy, f"model:{loaded.name}")
+    name = loaded.name if loaded.name.startswith("early-exit:") else f"model:{loaded.name}"
+    return ModelDrafter(loaded, policy, name)
 
 
 def _top(law: torch.Tensor, k: int) -> tuple[list[int], list[float], float]:

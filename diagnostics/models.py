@@ -132,6 +132,9 @@ def load_model(
     """Load ``default``, a hub id, a local folder or a ``path/to/file.gguf`` as an eval-mode causal LM."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # the CLI draws its own progress; pages show a spinner
     torch_dtype = _resolve_dtype(dtype)
     target_device = torch.device(device) if device is not None else default_device()
     if not spec or not spec.strip():
@@ -229,7 +232,7 @@ def early_exit_model(target: LoadedModel, layer: int) -> LoadedModel:
     shell._modules = dict(outer._modules)
     shell._modules["model"] = shell_inner
     shell.config = config
-    return LoadedModel(model=shell, tokenizer=target.tokenizer, name=f"{target.name} exit@{layer}", device=target.device)
+    return LoadedModel(model=shell, tokenizer=target.tokenizer, name=f"early-exit:{layer}", device=target.device)
 
 
 def check_vocabularies(target: LoadedModel, draft: LoadedModel) -> None:
@@ -252,3 +255,17 @@ def check_vocabularies(target: LoadedModel, draft: LoadedModel) -> None:
             f"{len(only_target)} only in the target, {len(moved)} with different ids (e.g. {example!r}); "
             "use a draft from the same model family"
         )
+
+
+def load_draft(spec: str | None, target: LoadedModel, *, dtype: str = "float32", trust_remote_code: bool = False) -> LoadedModel | str | None:
+    """Resolve a ``--draft`` value once: a loaded model (``model:``, ``early-exit:``), an n-gram spec, or ``None``."""
+    if spec is None or spec.strip().lower() in ("", "none", "plain"):
+        return None
+    parsed = parse_draft(spec)
+    if parsed.kind == "ngram":
+        return parsed.spec
+    if parsed.kind == "early-exit":
+        return early_exit_model(target, int(parsed.value))
+    loaded = load_model(parsed.value, dtype=dtype, device=target.device, trust_remote_code=trust_remote_code)
+    check_vocabularies(target, loaded)
+    return loaded

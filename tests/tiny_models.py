@@ -81,3 +81,22 @@ class TinyCausalLM(torch.nn.Module):
 
 def tiny_lm(vocab: int, seed: int, sharpness: float = 1.5) -> LoadedModel:
     return wrap_model(TinyCausalLM(vocab, seed, sharpness=sharpness).eval(), tokenizer=None, name=f"tiny-lm-{seed}")
+
+
+def tiny_tokenizer(vocab: int):
+    """A word-level fast tokenizer over ``w0 … w{vocab-1}`` (``w{vocab-1}`` is EOS, ``w0`` unknown)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = {f"w{index}": index for index in range(vocab)}
+    core = Tokenizer(models.WordLevel(vocab=words, unk_token="w0"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=core, unk_token="w0", eos_token=f"w{vocab - 1}")
+
+
+def save_tiny_model(folder, seed: int = 0, vocab: int = 12, layers: int = 2, sharpness: float = 2.0) -> str:
+    """A tiny Llama with its tokenizer saved as a local model folder (loadable by path)."""
+    loaded = tiny_llama(seed, vocab=vocab, layers=layers, sharpness=sharpness)
+    loaded.model.save_pretrained(folder)
+    tiny_tokenizer(vocab).save_pretrained(folder)
+    return str(folder)

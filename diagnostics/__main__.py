@@ -1,0 +1,5 @@
+"""``python -m diagnostics …``: see ``diagnostics.cli``."""
+
+from diagnostics.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,222 @@
+"""Command line: ``python -m diagnostics run | compare | bench``.
+
+Each run prints one JSON object on stdout; progress goes to stderr. Bad input ends with a
+one-line ``error: …`` on stderr and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from typing import Any
+
+DEFAULT_EARLY_EXIT = "early-exit:26"
+
+
+def _add_generation_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prompt", required=True, help="the user message (chat template applied unless --raw)")
+    parser.add_argument("--target", default="default", help="'default' (embedded SmolLM2-135M-Instruct), a hub id or a local path")
+    parser.add_argument("--draft", default=None,
+                        help="model:ID_OR_PATH, early-exit:LAYER, ngram:N or none (plain decoding); "
+                             f"default {DEFAULT_EARLY_EXIT} for the embedded target")
+    parser.add_argument("--gamma", type=int, default=4, help="draft tokens per block (default 4)")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=1.0, help="0 means greedy")
+    parser.add_argument("--top-k", type=int, default=None)
+    parser.add_argument("--top-p", type=float, default=None)
+    parser.add_argument("--min-p", type=float, default=None)
+    parser.add_argument("--eta", type=float, default=None)
+    parser.add_argument("--draft-temperature", type=float, default=None, help="draft policy temperature (default: the target's policy)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    parser.add_argument("--top-k-record", type=int, default=20, help="how many of p's and q's top tokens to store per position")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "auto"])
+    parser.add_argument("--device", default=None, help="cuda, cpu, … (default: cuda when present)")
+    parser.add_argument("--trust-remote-code", action="store_true", help="allow models that ship their own code")
+    parser.add_argument("--db", default=None, help="DuckDB file (default $SPECLAB_DB or data/runs.duckdb)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m diagnostics", description="Speculative-decoding verification lab")
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="generate once with a verification rule and record every position")
+    _add_generation_options(run)
+    run.add_argument("--rule", default="lossless", help="lossless, greedy, cascade:m, typical:eta, medusa:eps,delta, lenience:l, cos:lam")
+    compare = commands.add_parser("compare", help="coupled runs (same seed and uniforms), one per rule")
+    _add_generation_options(compare)
+    compare.add_argument("--rules", required=True, help="comma-separated specs; ';' separates specs with commas, e.g. 'lossless;medusa:0.09,0.3'")
+    bench = commands.add_parser("bench", help="speed ratios against plain decoding and transformers generate, in one run")
+    bench.add_argument("--max-new-tokens", type=int, default=48)
+    bench.add_argument("--repeat", type=int, default=2)
+    bench.add_argument("--quick", action="store_true", help="fewer settings (for a smoke test)")
+    return parser
+
+
+def split_rules(text: str) -> list[str]:
+    """``a,b:1,c`` → specs; medusa's two parameters stay together when separated by ``;``."""
+    if ";" in text:
+        return [piece.strip() for piece in text.split(";") if piece.strip()]
+    pieces = [piece.strip() for piece in text.split(",") if piece.strip()]
+    specs: list[str] = []
+    for piece in pieces:
+        # A bare number continues the previous spec (medusa:0.09,0.3).
+        if specs and _is_number(piece) and ":" in specs[-1]:
+            specs[-1] += "," + piece
+        else:
+            specs.append(piece)
+    return specs
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _run_json(run_id: str, run: Any, db: str) -> str:
+    summary = run.summary()
+    payload = {
+        "run_id": run_id,
+        "status": run.status,
+        "rule": run.rule,
+        "draft": run.draft,
+        "tokens": len(run.tokens),
+        "acceptance_rate": summary["acceptance_rate"],
+        "block_efficiency": summary["block_efficiency"],
+        "tokens_per_s": summary["tokens_per_s"],
+        "mean_tv_target": summary["mean_tv_target"],
+        "mean_tv_baseline": summary["mean_tv_baseline"],
+        "stop_reason": run.stop_reason,
+        "text": run.text,
+        "db": db,
+    }
+    return json.dumps({key: _json_value(value) for key, value in payload.items()}, ensure_ascii=False)
+
+
+class _Progress:
+    """A progress bar on stderr, one step per emitted position."""
+
+    def __init__(self, total: int, label: str, enabled: bool) -> None:
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=label, unit="tok", file=sys.stderr, leave=False, dynamic_ncols=True)
+
+    def __call__(self, record: Any) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _request(args: argparse.Namespace, rule: str):
+    from diagnostics.policy import Policy
+    from diagnostics.runner import RunRequest
+
+    policy = Policy(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, eta=args.eta)
+    draft_policy = None
+    if args.draft_temperature is not None:
+        draft_policy = Policy(temperature=args.draft_temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, eta=args.eta)
+    return RunRequest(prompt=args.prompt, rule=rule, draft=args.draft, gamma=args.gamma, max_new_tokens=args.max_new_tokens,
+                      seed=args.seed, policy=policy, draft_policy=draft_policy, raw=args.raw, top_k_record=args.top_k_record)
+
+
+def _prepare(args: argparse.Namespace, rules: list[str]):
+    """Validate cheap things first, then load models and open the store."""
+    from diagnostics.models import load_draft, load_model
+    from diagnostics.store import Store
+
+    requests = [_request(args, rule) for rule in rules]
+    for request in requests:
+        request.validate()
+        if not request.prompt.strip():
+            raise ValueError("the prompt is empty; type some text")
+    if args.draft is None:
+        if args.target != "default":
+            raise ValueError("pass --draft (model:ID_OR_PATH, early-exit:LAYER, ngram:N) or --draft none for plain decoding")
+        args.draft = DEFAULT_EARLY_EXIT
+        for request in requests:
+            request.draft = DEFAULT_EARLY_EXIT
+    if args.draft.strip().lower() in ("none", "plain"):
+        for request in requests:
+            request.draft = None
+    store = Store(args.db)
+    target = load_model(args.target, dtype=args.dtype, device=args.device, trust_remote_code=args.trust_remote_code)
+    draft = load_draft(args.draft, target, dtype=args.dtype, trust_remote_code=args.trust_remote_code)
+    return store, target, draft, requests
+
+
+def _command_run(args: argparse.Namespace) -> int:
+    from diagnostics.runner import record_run
+
+    store, target, draft, (request,) = _prepare(args, [args.rule])
+    progress = _Progress(request.max_new_tokens, request.rule, not args.no_progress)
+    try:
+        run_id, run = record_run(store, target, draft, request, on_record=progress)
+    finally:
+        progress.close()
+    print(_run_json(run_id, run, str(store.path)), flush=True)
+    return 0
+
+
+def _command_compare(args: argparse.Namespace) -> int:
+    from diagnostics.runner import compare_rules
+
+    store, target, draft, requests = _prepare(args, split_rules(args.rules))
+    bars: list[_Progress] = []
+
+    def progress_for(request: Any) -> _Progress:
+        bars.append(_Progress(request.max_new_tokens, request.rule, not args.no_progress))
+        return bars[-1]
+
+    try:
+        group_id, results, divergence = compare_rules(store, target, draft, requests, progress_for)
+    finally:
+        for bar in bars:
+            bar.close()
+    for run_id, run in results:
+        payload = json.loads(_run_json(run_id, run, str(store.path)))
+        payload.update(group_id=group_id, divergence_position=divergence[run_id], reference_run=results[0][0])
+        print(json.dumps(payload, ensure_ascii=False), flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the process exit status."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    args = build_parser().parse_args(argv)
+    from diagnostics.engine import EngineError
+    from diagnostics.models import ModelError
+    from diagnostics.policy import PolicyError
+    from diagnostics.rules import RuleError
+    from diagnostics.store import StoreError
+
+    try:
+        if args.command == "run":
+            return _command_run(args)
+        if args.command == "compare":
+            return _command_compare(args)
+        from diagnostics.bench import run_bench
+
+        return run_bench(args)
+    except (RuleError, PolicyError, ModelError, EngineError, StoreError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: what was recorded is kept and the run is marked 'interrupted'", file=sys.stderr)
+        return 130

@@ -1,0 +1,177 @@
+"""Recorded runs: prompt encoding, engine → store wiring, interruption, coupled comparisons.
+
+Shared by the command line and the dashboard, so that both record runs the same way.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from diagnostics.engine import EngineError, PositionRecord, Run, generate
+from diagnostics.models import LoadedModel
+from diagnostics.policy import Policy
+from diagnostics.rules import get_rule
+from diagnostics.store import RunWriter, Store
+
+
+def encode_prompt(target: LoadedModel, text: str, raw: bool = False) -> list[int]:
+    """Token ids of the prompt: the chat template for instruct models unless ``raw``."""
+    if not text or not text.strip():
+        raise EngineError("the prompt is empty; type some text")
+    tokenizer = target.tokenizer
+    if tokenizer is None:
+        raise EngineError("this target has no tokenizer; pass token ids to generate() instead")
+    if not raw and getattr(tokenizer, "chat_template", None):
+        encoded = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+        ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded
+    else:
+        ids = tokenizer(text, add_special_tokens=True)["input_ids"]
+    return [int(token) for token in ids]
+
+
+@dataclass
+class RunRequest:
+    """Everything that defines one run, as the user typed it."""
+
+    prompt: str
+    rule: str = "lossless"
+    draft: str | None = "early-exit:26"
+    gamma: int = 4
+    max_new_tokens: int = 64
+    seed: int = 0
+    policy: Policy = Policy()
+    draft_policy: Policy | None = None
+    raw: bool = False
+    top_k_record: int = 20
+
+    def validate(self) -> None:
+        get_rule(self.rule)  # a bad spec fails before any model work
+
+
+def run_fields(request: RunRequest, target: LoadedModel, prompt_ids: list[int], group_id: str | None = None) -> dict[str, Any]:
+    """The ``runs`` row a request starts with."""
+    rule = get_rule(request.rule)
+    return {
+        "target": target.name,
+        "draft": request.draft or "none (plain decoding)",
+        "rule": rule.spec,
+        "rule_name": rule.name,
+        "rule_params": rule.params,
+        "policy": request.policy.as_dict(),
+        "draft_policy": (request.draft_policy or request.policy).as_dict(),
+        "gamma": request.gamma if request.draft else 0,
+        "seed": request.seed,
+        "max_new_tokens": request.max_new_tokens,
+        "prompt": request.prompt,
+        "prompt_ids": prompt_ids,
+        "raw_prompt": request.raw,
+        "group_id": group_id,
+    }
+
+
+def run_summary(run: Run) -> dict[str, Any]:
+    """Summary columns of a finished (or interrupted) run."""
+    summary = run.summary()
+    values = [record.tv_target for record in run.records if record.tv_target is not None]
+    return {
+        "output_text": run.text,
+        "tokens": run.tokens,
+        "n_tokens": len(run.tokens),
+        "drafted": run.drafted,
+        "accepted": run.accepted,
+        "target_passes": run.blocks,
+        "acceptance_rate": summary["acceptance_rate"],
+        "block_efficiency": summary["block_efficiency"],
+        "tokens_per_s": summary["tokens_per_s"],
+        "time_s": run.time_s,
+        "mean_tv_target": summary["mean_tv_target"],
+        "mean_tv_baseline": summary["mean_tv_baseline"],
+        "max_tv_target": max(values) if values else None,
+        "stop_reason": run.stop_reason,
+    }
+
+
+def record_run(
+    store: Store,
+    target: LoadedModel,
+    draft: Any,
+    request: RunRequest,
+    *,
+    group_id: str | None = None,
+    on_record: Callable[[PositionRecord], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> tuple[str, Run | None]:
+    """Generate and store one run. Ctrl-C or ``should_stop`` keeps what was recorded as ``interrupted``;
+    an error marks the run ``failed`` with its message and is raised again."""
+    request.validate()
+    prompt_ids = encode_prompt(target, request.prompt, request.raw)
+    writer = RunWriter(store, run_fields(request, target, prompt_ids, group_id))
+    partial: list[PositionRecord] = []
+
+    def keep(record: PositionRecord) -> None:
+        partial.append(record)
+        writer.add(record)
+        if on_record is not None:
+            on_record(record)
+
+    try:
+        policy = request.policy
+        run = generate(
+            target, draft if request.draft else None, prompt_ids, rule=request.rule, gamma=request.gamma,
+            max_new_tokens=request.max_new_tokens, seed=request.seed, temperature=policy.temperature,
+            top_k=policy.top_k, top_p=policy.top_p, min_p=policy.min_p, eta=policy.eta,
+            draft_policy=request.draft_policy, top_k_record=request.top_k_record, on_record=keep,
+            should_stop=should_stop,
+        )
+    except KeyboardInterrupt:
+        tokens = [record.token for record in partial]
+        text = target.tokenizer.decode(tokens) if target.tokenizer is not None else None
+        writer.finish("interrupted", {"tokens": tokens, "n_tokens": len(tokens), "output_text": text,
+                                      "stop_reason": "interrupted"}, error="interrupted by the user")
+        raise
+    except Exception as error:
+        writer.finish("failed", error=f"{error.__class__.__name__}: {error}")
+        raise
+    writer.finish(run.status, run_summary(run), error="stopped by the user" if run.status == "interrupted" else None)
+    return writer.run_id, run
+
+
+def first_divergence(reference: Run, other: Run) -> int | None:
+    """First position where two coupled runs decide differently (kind or token); ``None`` if never."""
+    for left, right in zip(reference.records, other.records):
+        if left.kind != right.kind or left.token != right.token:
+            return left.position
+    if len(reference.tokens) != len(other.tokens):
+        return min(len(reference.tokens), len(other.tokens))
+    return None
+
+
+def compare_rules(
+    store: Store,
+    target: LoadedModel,
+    draft: Any,
+    requests: list[RunRequest],
+    on_record_for: Callable[[RunRequest], Callable[[PositionRecord], None] | None] | None = None,
+) -> tuple[str, list[tuple[str, Run]], dict[str, int | None]]:
+    """Coupled runs, one per request (same prompt, seed, drafter and uniforms; only the rule differs).
+
+    The first request is the reference; returns the group id, the runs, and each run's first
+    divergence from the reference. ``draft`` is a loaded model or a drafter spec; each run
+    builds its own drafter and KV caches.
+    """
+    if not requests:
+        raise EngineError("compare needs at least one rule, e.g. --rules lossless,lenience:0.5")
+    for request in requests:
+        request.validate()
+    group_id = uuid.uuid4().hex[:12]
+    results: list[tuple[str, Run]] = []
+    for request in requests:
+        on_record = on_record_for(request) if on_record_for is not None else None
+        results.append(record_run(store, target, draft, request, group_id=group_id, on_record=on_record))
+    reference = results[0][1]
+    divergence = {run_id: first_divergence(reference, run) for run_id, run in results}
+    store.set_group([run_id for run_id, _ in results], group_id, divergence)
+    return group_id, results, divergence

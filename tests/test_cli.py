@@ -1,0 +1,134 @@
+"""The command line: JSON per run, one-line errors, interruption, and the real embedded model."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from tiny_models import save_tiny_model
+
+from diagnostics.cli import main, split_rules
+from diagnostics.store import Store
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory) -> str:
+    return save_tiny_model(tmp_path_factory.mktemp("cli") / "tiny", seed=0)
+
+
+def _run(capsys, *argv: str) -> tuple[int, list[dict], str]:
+    status = main(list(argv))
+    captured = capsys.readouterr()
+    lines = [json.loads(line) for line in captured.out.splitlines() if line.strip()]
+    return status, lines, captured.err
+
+
+def test_run_prints_one_json_object(capsys, tiny_folder: str, tmp_path: Path) -> None:
+    db = tmp_path / "runs.duckdb"
+    status, lines, _ = _run(capsys, "run", "--prompt", "w1 w2 w3 w1 w2", "--rule", "lenience:0.5", "--target", tiny_folder,
+                            "--draft", "ngram:2", "--max-new-tokens", "10", "--raw", "--db", str(db), "--no-progress")
+    assert status == 0 and len(lines) == 1
+    result = lines[0]
+    assert set(result) >= {"run_id", "tokens", "acceptance_rate", "block_efficiency", "tokens_per_s", "mean_tv_target"}
+    stored = Store(db).get_run(result["run_id"])
+    assert stored["status"] == "complete" and stored["n_tokens"] == result["tokens"]
+
+
+def test_compare_prints_the_coupled_group(capsys, tiny_folder: str, tmp_path: Path) -> None:
+    db = tmp_path / "runs.duckdb"
+    status, lines, _ = _run(capsys, "compare", "--prompt", "w1 w2 w3 w1 w2", "--rules", "lossless,lenience:0.1,medusa:0.09,0.3",
+                            "--target", tiny_folder, "--draft", "early-exit:1", "--max-new-tokens", "12", "--raw",
+                            "--db", str(db), "--no-progress")
+    assert status == 0 and [line["rule"] for line in lines] == ["lossless", "lenience:0.1", "medusa:0.09,0.3"]
+    assert len({line["group_id"] for line in lines}) == 1 and lines[0]["divergence_position"] is None
+    assert all(line["reference_run"] == lines[0]["run_id"] for line in lines)
+
+
+def test_rule_lists_split_like_a_person_writes_them() -> None:
+    assert split_rules("lossless,lenience:0.5,medusa:0.09,0.3,cos:0.4") == ["lossless", "lenience:0.5", "medusa:0.09,0.3", "cos:0.4"]
+    assert split_rules("lossless;medusa:0.09,0.3") == ["lossless", "medusa:0.09,0.3"]
+
+
+@pytest.mark.parametrize(
+    "extra, fragment",
+    [
+        (["--rule", "lenience:0"], "out of range"),
+        (["--rule", "magic"], "unknown rule"),
+        (["--rule", "cos:1.5"], "out of range"),
+        (["--prompt", "   "], "prompt is empty"),
+        (["--draft", "medusa-heads:2"], "unknown drafter"),
+        (["--draft", "early-exit:7"], "out of range"),
+        (["--temperature", "-1"], "temperature must be >= 0"),
+        (["--target", "/no/such/model"], "no model folder"),
+        (["--max-new-tokens", "100000"], "exceeds the target's context"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(capsys, tiny_folder: str, tmp_path: Path, extra: list[str], fragment: str) -> None:
+    argv = ["run", "--prompt", "w1 w2", "--target", tiny_folder, "--draft", "ngram:2", "--raw",
+            "--db", str(tmp_path / "runs.duckdb"), "--no-progress"]
+    status, lines, err = _run(capsys, *argv, *extra)
+    assert status == 2 and not lines
+    assert err.startswith("error: ") and fragment in err and err.count("\n") == 1
+
+
+def test_corrupt_database_is_refused_and_kept(capsys, tiny_folder: str, tmp_path: Path) -> None:
+    db = tmp_path / "corrupt.duckdb"
+    db.write_bytes(b"garbage" * 50)
+    status, _, err = _run(capsys, "run", "--prompt", "w1", "--target", tiny_folder, "--draft", "ngram:2", "--db", str(db), "--no-progress")
+    assert status == 2 and "not a readable DuckDB database" in err and db.read_bytes() == b"garbage" * 50
+
+
+def test_a_target_without_a_draft_says_what_to_pass(capsys, tiny_folder: str, tmp_path: Path) -> None:
+    status, _, err = _run(capsys, "run", "--prompt", "w1", "--target", tiny_folder, "--db", str(tmp_path / "x.duckdb"))
+    assert status == 2 and "--draft" in err
+
+
+def _cli(*argv: str, **kwargs) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "diagnostics", *argv], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def test_real_embedded_model_end_to_end(tmp_path: Path) -> None:
+    """The README's example on the embedded SmolLM2-135M-Instruct, through the command line."""
+    db = tmp_path / "runs.duckdb"
+    process = _cli("run", "--prompt", "Name a color.", "--rule", "lenience:0.5", "--draft", "early-exit:26",
+                   "--max-new-tokens", "12", "--seed", "3", "--db", str(db))
+    out, err = process.communicate(timeout=600)
+    assert process.returncode == 0, err[-2000:]
+    result = json.loads(out)
+    assert 1 <= result["tokens"] <= 12 and result["text"] and 0 <= result["acceptance_rate"] <= 1
+    stored = Store(db, read_only=True)
+    row = stored.get_run(result["run_id"])
+    assert row["status"] == "complete" and row["target"].startswith("SmolLM2-135M-Instruct")
+    positions = stored.positions(result["run_id"])
+    assert len(positions) == result["tokens"] and positions["p_top_ids"].map(len).eq(20).all()
+    assert positions["tv_target"].notna().all()
+
+
+def test_ctrl_c_keeps_the_run_marked_interrupted(tmp_path: Path) -> None:
+    """Ctrl-C in the middle of a run on the embedded model (slow enough to interrupt)."""
+    db = tmp_path / "runs.duckdb"
+    process = _cli("run", "--prompt", "Tell a long story.", "--draft", "none", "--max-new-tokens", "300", "--db", str(db))
+    store = Store(db, read_only=False) if db.exists() else None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if db.exists():
+            store = store or Store(db)
+            runs = store.list_runs()
+            if len(runs) and len(store.positions(runs.iloc[0]["run_id"])) > 0:
+                break
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130 and "interrupted" in err
+    row = Store(db).list_runs().iloc[0]
+    assert row["status"] == "interrupted" and 0 < len(Store(db).positions(row["run_id"])) < 200

@@ -1,0 +1,207 @@
+"""DuckDB store: round trip, schema version, interrupted and dead runs, concurrency, bad files."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import duckdb
+import pandas as pd
+import pytest
+from tiny_models import save_tiny_model
+
+from diagnostics.models import load_model
+from diagnostics.policy import Policy
+from diagnostics.runner import RunRequest, compare_rules, record_run
+from diagnostics.store import SCHEMA_VERSION, Store, StoreBusy, StoreError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny")
+    return load_model(save_tiny_model(folder / "model", seed=0))
+
+
+def _request(**overrides) -> RunRequest:
+    settings = {"prompt": "w1 w2 w3 w4 w1 w2", "rule": "lenience:0.5", "draft": "ngram:2", "gamma": 3,
+                "max_new_tokens": 12, "seed": 1, "raw": True}
+    settings.update(overrides)
+    return RunRequest(**settings)
+
+
+def test_round_trip(tmp_path: Path, tiny) -> None:
+    store = Store(tmp_path / "runs.duckdb")
+    run_id, run = record_run(store, tiny, "ngram:2", _request())
+    row = store.get_run(run_id)
+    assert row["status"] == "complete" and row["n_tokens"] == len(run.tokens) == row["target_passes"] * 0 + len(run.tokens)
+    assert row["rule"] == "lenience:0.5" and row["software_version"] and row["prompt"] == "w1 w2 w3 w4 w1 w2"
+    assert list(row["tokens"]) == run.tokens
+    positions = store.positions(run_id)
+    assert len(positions) == len(run.records)
+    for record, (_, stored) in zip(run.records, positions.iterrows()):
+        for name, value in record.as_dict().items():
+            saved = stored[name]
+            if isinstance(value, list):
+                assert list(saved) == pytest.approx(value)
+            elif value is None:
+                assert saved is None or pd.isna(saved)
+            else:
+                assert saved == pytest.approx(value), name
+    one = store.position(run_id, 0)
+    assert len(one["p_top_ids"]) == 12 and one["p_tail"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_schema_version_and_newer_files(tmp_path: Path) -> None:
+    path = tmp_path / "runs.duckdb"
+    assert Store(path).schema_version() == SCHEMA_VERSION
+    with duckdb.connect(str(path)) as con:
+        con.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    with pytest.raises(StoreError, match="newer than this tool"):
+        Store(path)
+    with pytest.raises(StoreError, match="newer than this tool"):
+        Store(path, read_only=True)
+
+
+def test_foreign_and_corrupt_files_are_refused_untouched(tmp_path: Path) -> None:
+    corrupt = tmp_path / "corrupt.duckdb"
+    corrupt.write_bytes(b"not a database" * 100)
+    before = corrupt.read_bytes()
+    with pytest.raises(StoreError, match="not a readable DuckDB database") as error:
+        Store(corrupt)
+    assert "\n" not in str(error.value) and corrupt.read_bytes() == before
+    foreign = tmp_path / "foreign.duckdb"
+    with duckdb.connect(str(foreign)) as con:
+        con.execute("CREATE TABLE runs (x INTEGER)")
+    with pytest.raises(StoreError, match="no schema version"):
+        Store(foreign)
+    with pytest.raises(StoreError, match="no database at"):
+        Store(tmp_path / "missing.duckdb", read_only=True)
+
+
+def test_interrupted_runs_keep_what_was_recorded(tmp_path: Path, tiny) -> None:
+    store = Store(tmp_path / "runs.duckdb")
+    seen = []
+    run_id, run = record_run(store, tiny, "ngram:2", _request(max_new_tokens=40),
+                             on_record=seen.append, should_stop=lambda: len(seen) >= 5)
+    row = store.get_run(run_id)
+    assert row["status"] == "interrupted" and row["n_tokens"] == len(run.tokens) >= 5
+    assert len(store.positions(run_id)) == len(run.tokens)
+
+    def boom(record) -> None:
+        if record.position >= 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        record_run(store, tiny, "ngram:2", _request(max_new_tokens=40), on_record=boom)
+    latest = store.list_runs().iloc[0]
+    assert latest["status"] == "interrupted" and len(store.positions(latest["run_id"])) >= 4
+
+
+def test_failed_run_keeps_its_error(tmp_path: Path, tiny) -> None:
+    store = Store(tmp_path / "runs.duckdb")
+
+    def broken(record) -> None:
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError):
+        record_run(store, tiny, "ngram:2", _request(), on_record=broken)
+    row = store.list_runs().iloc[0]
+    assert row["status"] == "failed" and "disk full" in row["error"]
+
+
+def test_runs_of_a_dead_writer_become_interrupted(tmp_path: Path) -> None:
+    path = tmp_path / "runs.duckdb"
+    store = Store(path)
+    run_id = store.start_run({"prompt": "x", "rule": "lossless"})
+    with duckdb.connect(str(path)) as con:
+        con.execute("UPDATE runs SET writer = ? WHERE run_id = ?", [f"{__import__('socket').gethostname()}:999999999", run_id])
+    assert Store(path).get_run(run_id)["status"] == "interrupted"
+
+
+def test_compare_groups_and_delete(tmp_path: Path, tiny) -> None:
+    store = Store(tmp_path / "runs.duckdb")
+    requests = [_request(rule=rule) for rule in ("lossless", "lenience:0.1", "cascade:0.9")]
+    group_id, results, divergence = compare_rules(store, tiny, "ngram:2", requests)
+    group = store.group(group_id)
+    assert list(group["rule"]) == ["lossless", "lenience:0.1", "cascade:0.9"]
+    assert pd.isna(group.iloc[0]["divergence_position"])
+    for run_id, _ in results:
+        assert store.get_run(run_id)["divergence_position"] == divergence[run_id]
+    assert store.delete_runs([results[1][0]]) == 1
+    assert len(store.list_runs()) == 2 and len(store.positions(results[1][0])) == 0
+    assert len(store.list_runs(search="cascade")) == 1
+
+
+def _hold_lock(path: Path, seconds: float) -> subprocess.Popen:
+    code = textwrap.dedent(f"""
+        import duckdb, time, sys
+        con = duckdb.connect({str(path)!r})
+        print("locked", flush=True)
+        time.sleep({seconds})
+        con.close()
+    """)
+    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "locked"
+    return process
+
+
+def test_a_locked_file_gets_its_turn_or_a_clear_message(tmp_path: Path) -> None:
+    path = tmp_path / "runs.duckdb"
+    Store(path)
+    holder = _hold_lock(path, 1.5)
+    started = time.monotonic()
+    assert len(Store(path, lock_wait_s=20).list_runs()) == 0  # waited for its turn
+    assert time.monotonic() - started >= 0.5
+    holder.wait()
+    holder = _hold_lock(path, 5)
+    with pytest.raises(StoreBusy, match="is busy"):
+        Store(path, lock_wait_s=0.5)
+    holder.kill()
+    holder.wait()
+
+
+def test_concurrent_writer_and_reader(tmp_path: Path) -> None:
+    """A writer process appends batches while this process reads: no crash, no torn run."""
+    path = tmp_path / "runs.duckdb"
+    Store(path)
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from diagnostics.engine import PositionRecord
+        from diagnostics.store import Store, RunWriter
+        store = Store({str(path)!r})
+        writer = RunWriter(store, {{"prompt": "concurrent", "rule": "lossless"}}, batch_size=10, max_age_s=600)
+        for position in range(400):
+            writer.add(PositionRecord(position=position, block=position, index_in_block=0, kind="bonus", token=1,
+                                      draft_token=None, p_token=0.5, p_draft=None, q_draft=None, accept_prob=None,
+                                      u_draft=None, u_accept=None, u_fallback=0.5))
+        writer.finish("complete", {{"n_tokens": 400}})
+    """)
+    writer = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
+    reader = Store(path, read_only=False)
+    counts = []
+    while writer.poll() is None:
+        runs = reader.list_runs()
+        if len(runs):
+            counts.append(len(reader.positions(runs.iloc[0]["run_id"])))
+        time.sleep(0.02)
+    assert writer.returncode == 0, writer.stderr.read()
+    final = reader.list_runs().iloc[0]
+    assert final["status"] == "complete" and len(reader.positions(final["run_id"])) == 400
+    assert counts == sorted(counts) and all(count % 10 == 0 for count in counts)
+    shared = Store(path, read_only=True)
+    assert len(shared.list_runs()) == 1
+
+
+def test_read_only_store_cannot_write(tmp_path: Path) -> None:
+    path = tmp_path / "runs.duckdb"
+    Store(path).start_run({"prompt": "x"})
+    shared = Store(path, read_only=True)
+    with pytest.raises(StoreError):
+        shared.delete_runs([shared.list_runs().iloc[0]["run_id"]])
