@@ -41,15 +41,16 @@ def models(setup: Setup):
     return target, draft
 
 
+def stale_rollback(self: CachedModel, length: int) -> None:
+    """Planted bug: rollback off by one, so the first refused draft's keys and values stay cached."""
+    length += 1
+    if length < self.cached:
+        self.cache.crop(length - self.cached)
+        self.cached = length
+
+
 def _plant(setup: Setup) -> None:
     if setup.planted == "rollback":
-        def stale_rollback(self: CachedModel, length: int) -> None:
-            # Off by one: the first refused draft's keys and values stay in the cache.
-            length += 1
-            if length < self.cached:
-                self.cache.crop(length - self.cached)
-                self.cached = length
-
         TargetScorer.rollback = stale_rollback
 
 

@@ -82,15 +82,11 @@ def test_every_decision_replays_and_lossy_laws_match_induced(target, draft, rule
 
 def test_replay_catches_a_stale_cache(target, draft, monkeypatch) -> None:
     """Negative control: with the rollback off by one, recorded p no longer matches recomputation."""
+    from engine_sampling import stale_rollback
+
     from diagnostics.drafters import TargetScorer
 
-    def stale(self, length: int) -> None:
-        length += 1
-        if length < self.cached:
-            self.cache.crop(length - self.cached)
-            self.cached = length
-
-    monkeypatch.setattr(TargetScorer, "rollback", stale)
+    monkeypatch.setattr(TargetScorer, "rollback", stale_rollback)
     run = generate(target, draft, PROMPT, rule="lossless", gamma=3, max_new_tokens=12, seed=1, eos_token_id=[])
     assert any(record.kind == "rejected" for record in run.records[:-1])
     with pytest.raises(AssertionError):
