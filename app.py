@@ -5,13 +5,25 @@ from __future__ import annotations
 import streamlit as st
 
 from diagnostics import __version__
+from diagnostics.store import default_db_path
 
 st.set_page_config(page_title="Speculative decoding verification lab", page_icon="🔬", layout="wide")
 
-PAGES = [
-    st.Page("pages/playground.py", title="Playground", icon="🧪", url_path="playground", default=True),
-]
+run_page = st.Page("pages/run.py", title="Run", icon="▶️", url_path="run")
+inspect_page = st.Page("pages/inspect.py", title="Inspect", icon="🔍", url_path="inspect")
+compare_page = st.Page("pages/compare.py", title="Compare", icon="⚖️", url_path="compare")
+playground_page = st.Page("pages/playground.py", title="Playground", icon="🧪", url_path="playground")
+runs_page = st.Page("pages/runs.py", title="Runs", icon="🗂️", url_path="runs")
 
-navigation = st.navigation(PAGES)
-st.sidebar.caption(f"spec-verify-lab {__version__} · exact laws, no sampling noise")
+# Deep links are /?run=ID (the default page ignores its url_path), so the default page is
+# Inspect when a run is asked for, Run otherwise.
+if "run" in st.query_params:
+    inspect_page = st.Page("pages/inspect.py", title="Inspect", icon="🔍", url_path="inspect", default=True)
+    pages = [inspect_page, run_page, compare_page, playground_page, runs_page]
+else:
+    run_page = st.Page("pages/run.py", title="Run", icon="▶️", url_path="run", default=True)
+    pages = [run_page, inspect_page, compare_page, playground_page, runs_page]
+
+navigation = st.navigation(pages)
+st.sidebar.caption(f"spec-verify-lab {__version__} · runs in {st.session_state.get('shared_db') or default_db_path()}")
 navigation.run()

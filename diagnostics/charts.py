@@ -171,3 +171,100 @@ def sweep_figure(sweep: Sweep, against: str = "baseline") -> go.Figure:
         height=450,
     )
     return figure
+
+
+KIND_STYLE = {
+    "accepted": ("#d4f4dd", "#1a7f37", "accepted draft"),
+    "rejected": ("#ffe1dc", "#cf222e", "rejected → fallback"),
+    "bonus": ("#dbeafe", "#0550ae", "bonus"),
+}
+
+
+def _fmt(value: object, digits: int = 4) -> str:
+    if value is None or (isinstance(value, float) and value != value):
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def token_strip_html(records: list[dict], selected: int | None = None, divergence: int | None = None) -> str:
+    """Emitted tokens as coloured spans (accepted / rejected → fallback / bonus), every text escaped.
+
+    Each span's tooltip gives ``p(x)``, ``q(x)``, ``a(x)``, the coin ``u`` and the decision; the
+    selected position is outlined and the first divergence marked with a red bar.
+    """
+    spans = []
+    for record in records:
+        background, border, label = KIND_STYLE.get(record["kind"], ("#eee", "#888", record["kind"]))
+        position = int(record["position"])
+        text = record.get("token_text")
+        shown = safe_label(text if text is not None else f"⟨{record['token']}⟩", limit=60).replace(" ", "&nbsp;")
+        shown = shown.replace("\\n", "↵")
+        tip_lines = [f"position {position}, block {record.get('block')}: {label}",
+                     f"emitted {record['token']}: p = {_fmt(record.get('p_token'))}"]
+        if record.get("draft_token") is not None and record.get("kind") != "bonus":
+            draft_text = record.get("draft_text")
+            tip_lines += [
+                f"draft {record['draft_token']} {draft_text!r}" if draft_text is not None else f"draft {record['draft_token']}",
+                f"p(x) = {_fmt(record.get('p_draft'))}, q(x) = {_fmt(record.get('q_draft'))}, a(x) = {_fmt(record.get('accept_prob'))}",
+                f"coin u = {_fmt(record.get('u_accept'))} → {'accept' if record['kind'] == 'accepted' else 'reject'}",
+            ]
+        tip = html.escape("\n".join(tip_lines), quote=True)
+        outline = "outline:2px solid #111;" if selected == position else ""
+        marker = "border-left:3px solid #cf222e;padding-left:2px;" if divergence == position else ""
+        spans.append(
+            f'<span class="tok tok-{html.escape(record["kind"])}" data-position="{position}" title="{tip}" '
+            f'style="background:{background};border-bottom:2px solid {border};{outline}{marker}'
+            f'margin:1px;padding:0 2px;border-radius:3px;white-space:pre-wrap;font-family:monospace;">{shown}</span>'
+        )
+    legend = " ".join(
+        f'<span style="background:{bg};border-bottom:2px solid {bd};padding:0 4px;margin-right:6px;">{name}</span>'
+        for bg, bd, name in KIND_STYLE.values()
+    )
+    return f'<div class="token-strip" style="line-height:1.9;">{"".join(spans)}</div><div style="font-size:0.8em;margin-top:4px;">{legend}</div>'
+
+
+def tracks_figure(positions: "object", selected: int | None = None, divergence: int | None = None) -> go.Figure:
+    """Per-position tracks of a run: acceptance ``a(x)`` and ``α``, ``TV(p, q)``, ``H(p)``, distortion.
+
+    Vertical dotted lines mark block starts; the selected position and the first divergence are
+    marked. ``positions`` is the store's DataFrame of one run.
+    """
+    from plotly.subplots import make_subplots
+
+    frame = positions
+    x = frame["position"].tolist()
+    figure = make_subplots(rows=4, cols=1, shared_xaxes=True, vertical_spacing=0.04,
+                           subplot_titles=("acceptance: a(x) of the draft, α = Σ q·a", "TV(p, q)",
+                                           "entropy H(p)", "distortion of the emitted law"))
+
+    def series(name: str) -> list[float | None]:
+        return [None if value != value else float(value) for value in frame[name].astype("float64").tolist()]
+
+    hover = [safe_label(str(text)) for text in frame["token_text"].fillna("").tolist()]
+    traces = [
+        (1, "a(x)", "accept_prob", "#1a7f37", "markers"),
+        (1, "α", "alpha", "#8250df", "lines"),
+        (2, "TV(p, q)", "tv_pq", "#bc4c00", "lines"),
+        (3, "H(p)", "entropy_p", "#0550ae", "lines"),
+        (4, "TV(P, p)", "tv_target", "#cf222e", "lines"),
+        (4, "TV(P, baseline)", "tv_baseline", "#57606a", "lines"),
+    ]
+    for row, name, column, color, mode in traces:
+        figure.add_scatter(row=row, col=1, x=x, y=series(column), name=name, mode=mode,
+                           line={"color": color, "width": 1.5}, marker={"color": color, "size": 5},
+                           customdata=hover, hovertemplate=f"position %{{x}} %{{customdata}}<br>{name} = %{{y:.4f}}<extra></extra>")
+    starts = frame.loc[frame["index_in_block"] == 0, "position"].tolist()
+    if len(starts) <= 400:  # beyond that the lines are a grey wash; the hover still tells the block
+        for start in starts:
+            figure.add_vline(x=start - 0.5, line={"color": "#d0d7de", "width": 1, "dash": "dot"})
+    if selected is not None:
+        figure.add_vline(x=selected, line={"color": "#111", "width": 2})
+    if divergence is not None:
+        figure.add_vline(x=divergence, line={"color": "#cf222e", "width": 2, "dash": "dash"},
+                         annotation_text="first divergence", annotation_position="top")
+    figure.update_layout(height=620, margin={"t": 40, "b": 30, "l": 50, "r": 10}, legend={"orientation": "h", "y": -0.08},
+                         clickmode="event+select", hovermode="x unified")
+    figure.update_xaxes(title_text="position", row=4, col=1)
+    return figure

@@ -49,6 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     compare = commands.add_parser("compare", help="coupled runs (same seed and uniforms), one per rule")
     _add_generation_options(compare)
     compare.add_argument("--rules", required=True, help="comma-separated specs; ';' separates specs with commas, e.g. 'lossless;medusa:0.09,0.3'")
+    report = commands.add_parser("report", help="one self-contained HTML file for runs (a run or a compared group)")
+    report.add_argument("run_ids", nargs="+", metavar="RUN_ID")
+    report.add_argument("--db", default=None, help="DuckDB file (default $SPECLAB_DB or data/runs.duckdb)")
+    report.add_argument("-o", "--output", required=True, help="the HTML file to write")
     bench = commands.add_parser("bench", help="speed ratios against plain decoding and transformers generate, in one run")
     bench.add_argument("--max-new-tokens", type=int, default=48)
     bench.add_argument("--repeat", type=int, default=2)
@@ -196,6 +200,19 @@ def _command_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _command_report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from diagnostics.report import build_report
+    from diagnostics.store import Store
+
+    store = Store(args.db, read_only=True)
+    text = build_report(store, args.run_ids)
+    Path(args.output).write_text(text, encoding="utf-8")
+    print(json.dumps({"report": str(Path(args.output).resolve()), "runs": args.run_ids, "bytes": len(text.encode())}))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit status."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -211,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
             return _command_run(args)
         if args.command == "compare":
             return _command_compare(args)
+        if args.command == "report":
+            return _command_report(args)
         from diagnostics.bench import run_bench
 
         return run_bench(args)

@@ -128,8 +128,12 @@ def load_model(
     dtype: str = "float32",
     device: str | torch.device | None = None,
     trust_remote_code: bool = False,
+    local_only: bool = False,
 ) -> LoadedModel:
-    """Load ``default``, a hub id, a local folder or a ``path/to/file.gguf`` as an eval-mode causal LM."""
+    """Load ``default``, a hub id, a local folder or a ``path/to/file.gguf`` as an eval-mode causal LM.
+
+    ``local_only`` never reaches the network (local folders and the Hugging Face cache only).
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from transformers.utils import logging as hf_logging
@@ -154,8 +158,9 @@ def load_model(
         if spec.startswith((".", "/", "~")) and not local.exists():
             raise ModelError(f"no model folder at {local}")
         try:
-            tokenizer = AutoTokenizer.from_pretrained(spec, trust_remote_code=trust_remote_code)
-            model = AutoModelForCausalLM.from_pretrained(spec, dtype=torch_dtype, trust_remote_code=trust_remote_code)
+            tokenizer = AutoTokenizer.from_pretrained(spec, trust_remote_code=trust_remote_code, local_files_only=local_only)
+            model = AutoModelForCausalLM.from_pretrained(spec, dtype=torch_dtype, trust_remote_code=trust_remote_code,
+                                                         local_files_only=local_only)
         except OSError as error:
             first = str(error).strip().splitlines()[0] if str(error).strip() else error.__class__.__name__
             raise ModelError(f"cannot load model {spec!r}: {first} (check the id or path, and your network)") from None

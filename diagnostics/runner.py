@@ -126,14 +126,15 @@ def record_run(
             draft_policy=request.draft_policy, top_k_record=request.top_k_record, on_record=keep,
             should_stop=should_stop,
         )
-    except KeyboardInterrupt:
+    except Exception as error:
+        writer.finish("failed", error=f"{error.__class__.__name__}: {error}")
+        raise
+    except BaseException:
+        # Ctrl-C, or a dashboard rerun stopping the script: keep what was recorded.
         tokens = [record.token for record in partial]
         text = target.tokenizer.decode(tokens) if target.tokenizer is not None else None
         writer.finish("interrupted", {"tokens": tokens, "n_tokens": len(tokens), "output_text": text,
                                       "stop_reason": "interrupted"}, error="interrupted by the user")
-        raise
-    except Exception as error:
-        writer.finish("failed", error=f"{error.__class__.__name__}: {error}")
         raise
     writer.finish(run.status, run_summary(run), error="stopped by the user" if run.status == "interrupted" else None)
     return writer.run_id, run

@@ -417,3 +417,72 @@ class RunWriter:
         """Flush what is buffered, then record the final status: nothing recorded is lost."""
         self.flush()
         self.store.finish_run(self.run_id, status, summary, error)
+
+
+# -- sharing ---------------------------------------------------------------------------------
+
+def export_runs(store: Store, run_ids: list[str], path: str | Path, fmt: str = "duckdb") -> Path:
+    """Write the selected runs (and their positions) to one file another user can open read-only.
+
+    ``duckdb``: a database with this schema. ``parquet``: one table, each position row carrying
+    its run's columns prefixed ``run.``; ``import_runs`` turns it back into a database.
+    """
+    path = Path(path)
+    if not run_ids:
+        raise StoreError("select at least one run to export")
+    if path.exists():
+        path.unlink()
+    marks = ", ".join("?" for _ in run_ids)
+    with store.connect(read_only=True) as con:
+        runs = con.execute(f"SELECT * FROM runs WHERE run_id IN ({marks})", run_ids).arrow()
+        positions = con.execute(f"SELECT * FROM positions WHERE run_id IN ({marks}) ORDER BY run_id, position", run_ids).arrow()
+    if hasattr(runs, "read_all"):
+        runs, positions = runs.read_all(), positions.read_all()
+    if fmt == "duckdb":
+        target = Store(path)
+        with target.connect() as con:
+            con.register("incoming_runs", runs)
+            con.register("incoming_positions", positions)
+            con.execute("INSERT INTO runs SELECT * FROM incoming_runs")
+            con.execute("INSERT INTO positions SELECT * FROM incoming_positions")
+        return path
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        with duckdb.connect() as con:
+            con.register("r", runs)
+            con.register("p", positions)
+            columns = ", ".join(f'r."{name}" AS "run.{name}"' for name in RUN_COLUMNS)
+            table = con.execute(f"SELECT p.*, {columns} FROM p JOIN r USING (run_id) ORDER BY run_id, position").arrow()
+            if hasattr(table, "read_all"):
+                table = table.read_all()
+        pq.write_table(table, path)
+        return path
+    raise StoreError(f"unknown export format {fmt!r}; use duckdb or parquet")
+
+
+def import_runs(source: str | Path, destination: str | Path) -> Store:
+    """Make a shared file browsable: a DuckDB file is checked and opened read-only as is; a Parquet
+    export is rebuilt into the DuckDB file ``destination`` first."""
+    source = Path(source)
+    if source.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            table = pq.read_table(source)
+        except Exception as error:  # pyarrow raises several types for a bad file
+            raise StoreError(f"{source.name} is not a Parquet export of this tool ({error.__class__.__name__})") from None
+        names = table.column_names
+        if "run.run_id" not in names:
+            raise StoreError(f"{source.name} is not a Parquet export of this tool (no run columns)")
+        destination = Path(destination)
+        if destination.exists():
+            destination.unlink()
+        rebuilt = Store(destination)
+        with rebuilt.connect() as con:
+            con.register("shared", table)
+            run_columns = ", ".join(f'"run.{name}" AS {name}' for name in RUN_COLUMNS)
+            con.execute(f"INSERT INTO runs SELECT DISTINCT {run_columns} FROM shared")
+            con.execute(f"INSERT INTO positions SELECT {', '.join(POSITION_COLUMNS)} FROM shared")
+        return Store(destination, read_only=True)
+    return Store(source, read_only=True)

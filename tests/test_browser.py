@@ -27,7 +27,7 @@ def app_url() -> Iterator[str]:
 
 def test_playground_opens_and_draws(browser, app_url: str) -> None:
     page = browser.new_page(viewport={"width": 1400, "height": 1100})
-    page.goto(app_url)
+    page.goto(app_url + "/playground")
     page.get_by_role("heading", name="Playground").wait_for(timeout=30_000)
     page.get_by_text("Distortion as the draft improves").wait_for(timeout=30_000)
     page.locator(".js-plotly-plot").nth(1).wait_for(timeout=30_000)

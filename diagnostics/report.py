@@ -1,0 +1,109 @@
+"""One self-contained HTML file for a run or a compared group: works offline, opens anywhere.
+
+plotly.js is inlined once; figures are the same as the pages' (``diagnostics.charts``). Every
+piece of user or model text (prompt, output, token text) is HTML-escaped.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from datetime import datetime, timezone
+from typing import Any
+
+import plotly.io as pio
+from plotly.offline import get_plotlyjs
+
+from diagnostics import __version__
+from diagnostics.charts import token_strip_html, tracks_figure
+from diagnostics.store import Store, StoreError
+
+SUMMARY_FIELDS = [
+    ("acceptance rate", "acceptance_rate", "accepted drafts / drafted tokens"),
+    ("block efficiency", "block_efficiency", "emitted tokens per target forward pass"),
+    ("tokens/s", "tokens_per_s", "emitted tokens per second of wall time"),
+    ("mean TV(P, p)", "mean_tv_target", "mean distortion against the target"),
+    ("max TV(P, p)", "max_tv_target", "largest per-position distortion"),
+    ("mean TV(P, baseline)", "mean_tv_baseline", "mean distortion against the matched baseline"),
+    ("log-likelihood", "log_likelihood", "Σ log p(y) of the output under the target's policy law"),
+]
+
+
+def _number(value: Any) -> str:
+    if value is None or (isinstance(value, float) and value != value):
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.4f}"
+    return html.escape(str(value))
+
+
+def _reproduce(run: dict[str, Any]) -> str:
+    policy = json.loads(run["policy"] or "{}")
+    flags = [f"--temperature {policy.get('temperature', 1.0)}"]
+    for key in ("top_k", "top_p", "min_p", "eta"):
+        if policy.get(key) is not None:
+            flags.append(f"--{key.replace('_', '-')} {policy[key]}")
+    target = "default" if run["target"].startswith("SmolLM2-135M-Instruct (embedded") else run["target"]
+    draft = run["draft"] if run["draft"] and not run["draft"].startswith("none") else "none"
+    return (f"python -m diagnostics run --target {target} --draft {draft} --rule {run['rule']} --gamma {run['gamma']} "
+            f"--max-new-tokens {run['max_new_tokens']} --seed {run['seed']} {' '.join(flags)}"
+            + (" --raw" if run.get("raw_prompt") else "") + " --prompt '…'")
+
+
+def build_report(store: Store, run_ids: list[str]) -> str:
+    """HTML text of the report for ``run_ids`` (one run, or a coupled group in order)."""
+    if not run_ids:
+        raise StoreError("give at least one run id")
+    runs = []
+    for run_id in run_ids:
+        run = store.get_run(run_id)
+        if run is None:
+            raise StoreError(f"there is no run {run_id!r} in {store.path}")
+        positions = store.positions(run_id)
+        run["log_likelihood"] = float(positions["p_token"].clip(lower=1e-300).map(__import__("math").log).sum()) if len(positions) else None
+        runs.append((run, positions))
+    first = runs[0][0]
+    sections = []
+    for index, (run, positions) in enumerate(runs):
+        records = positions.to_dict("records")
+        divergence = run.get("divergence_position")
+        figure = tracks_figure(positions, divergence=divergence) if len(positions) else None
+        figure_html = pio.to_html(figure, include_plotlyjs=False, full_html=False, div_id=f"tracks-{index}") if figure else "<p>No positions.</p>"
+        sections.append(f"""
+<section class="run">
+  <h2>{html.escape(run['rule'])} <small>run {html.escape(run['run_id'])} · {html.escape(run['status'])}</small></h2>
+  <p class="meta">draft {html.escape(str(run['draft']))} · γ = {_number(run['gamma'])} · seed {_number(run['seed'])} ·
+     policy {html.escape(run['policy'] or '')} · first divergence from the first run: {_number(divergence)}</p>
+  <h3>Output</h3>
+  {token_strip_html(records, divergence=divergence)}
+  <h3>Per-position tracks</h3>
+  {figure_html}
+  <p class="meta">Reproduce: <code>{html.escape(_reproduce(run))}</code></p>
+</section>""")
+    header_cells = "".join(f"<th title='{html.escape(help_)}'>{html.escape(name)}</th>" for name, _, help_ in SUMMARY_FIELDS)
+    rows = "".join(
+        f"<tr><td>{html.escape(run['rule'])}</td>" + "".join(f"<td>{_number(run.get(key))}</td>" for _, key, _ in SUMMARY_FIELDS) + "</tr>"
+        for run, _ in runs
+    )
+    created = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; script-src 'unsafe-inline' 'unsafe-eval'; style-src 'unsafe-inline'; img-src data:; font-src data:">
+<title>Speculative decoding report: {html.escape(', '.join(run['rule'] for run, _ in runs))}</title>
+<style>
+ body {{ font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #1f2328; }}
+ table {{ border-collapse: collapse; }} td, th {{ border: 1px solid #d0d7de; padding: 4px 8px; text-align: right; }}
+ .meta {{ color: #57606a; font-size: 0.9em; }} section.run {{ border-top: 1px solid #d0d7de; margin-top: 2em; }}
+ pre {{ white-space: pre-wrap; background: #f6f8fa; padding: 8px; }}
+</style>
+<script>{get_plotlyjs()}</script>
+</head><body>
+<h1>Speculative decoding verification report</h1>
+<p class="meta">spec-verify-lab {html.escape(__version__)} · written {created} · target {html.escape(str(first['target']))}</p>
+<h3>Prompt</h3><pre>{html.escape(first['prompt'] or '')}</pre>
+<h3>Summary</h3>
+<table><tr><th>rule</th>{header_cells}</tr>{rows}</table>
+<p class="meta">Definitions: hover a column title. TV(a, b) = ½ Σ |a − b|; P is the exact law each token was drawn from.</p>
+{''.join(sections)}
+</body></html>
+"""

@@ -1,0 +1,64 @@
+"""The form shared by the Run and Compare pages: prompt, models, rule, policy, γ, budget, seed."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from diagnostics.policy import Policy, PolicyError
+from diagnostics.rules import EXAMPLE_SPECS
+from diagnostics.runner import RunRequest
+from pages.common import default_target
+
+
+def draft_widget(prefix: str, target_layers: int | None) -> str | None:
+    kind = st.selectbox("Draft", ["early-exit", "ngram", "model", "none"], key=f"{prefix}_draft_kind",
+                        help="early-exit: the target's first layers and its head; ngram: prompt lookup; "
+                             "model: another model with the same tokenizer; none: plain decoding.")
+    if kind == "early-exit":
+        high = max(1, (target_layers or 30) - 1)
+        layer = st.number_input("Exit after layer", 1, high, min(26, high), key=f"{prefix}_layer")
+        return f"early-exit:{int(layer)}"
+    if kind == "ngram":
+        return f"ngram:{int(st.number_input('n-gram size', 1, 8, 3, key=f'{prefix}_ngram'))}"
+    if kind == "model":
+        name = st.text_input("Draft model (hub id or local path)", key=f"{prefix}_draft_model")
+        return f"model:{name.strip()}" if name.strip() else None
+    return None
+
+
+def policy_widgets(prefix: str) -> Policy | None:
+    cols = st.columns(5)
+    temperature = cols[0].number_input("temperature", 0.0, 5.0, 1.0, 0.1, key=f"{prefix}_temperature", help="0 means greedy")
+    top_k = cols[1].number_input("top-k (0 = off)", 0, 100000, 0, key=f"{prefix}_top_k")
+    top_p = cols[2].number_input("top-p", 0.01, 1.0, 1.0, 0.01, key=f"{prefix}_top_p")
+    min_p = cols[3].number_input("min-p", 0.0, 1.0, 0.0, 0.01, key=f"{prefix}_min_p")
+    eta = cols[4].number_input("eta (0 = off)", 0.0, 0.99, 0.0, 0.001, format="%.3f", key=f"{prefix}_eta")
+    try:
+        return Policy(temperature=temperature, top_k=int(top_k) or None, top_p=top_p if top_p < 1 else None,
+                      min_p=min_p or None, eta=eta or None)
+    except PolicyError as error:
+        st.error(str(error))
+        return None
+
+
+def request_widgets(prefix: str, target_layers: int | None, rule: str) -> tuple[str, RunRequest | None]:
+    """Widgets for everything but the rule(s); returns the target spec and a request."""
+    prompt = st.text_area("Prompt", "Write a haiku about the sea.", key=f"{prefix}_prompt", height=90)
+    cols = st.columns(2)
+    target = cols[0].text_input("Target", default_target(), key=f"{prefix}_target",
+                                help="'default' is the embedded SmolLM2-135M-Instruct; or a hub id or local path")
+    with cols[1]:
+        draft = draft_widget(prefix, target_layers)
+    cols = st.columns(3)
+    gamma = cols[0].number_input("γ (drafts per block)", 1, 16, 4, key=f"{prefix}_gamma")
+    budget = cols[1].number_input("max new tokens", 1, 2048, 48, key=f"{prefix}_max_tokens")
+    seed = cols[2].number_input("seed", 0, 2**31 - 1, 0, key=f"{prefix}_seed")
+    policy = policy_widgets(prefix)
+    raw = st.checkbox("Raw prompt (no chat template)", key=f"{prefix}_raw")
+    if policy is None:
+        return target, None
+    return target, RunRequest(prompt=prompt, rule=rule, draft=draft, gamma=int(gamma), max_new_tokens=int(budget),
+                              seed=int(seed), policy=policy, raw=raw)
+
+
+RULE_HELP = "One of: " + ", ".join(EXAMPLE_SPECS)
