@@ -1,0 +1,83 @@
+"""The shareable report and the export/import of runs."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from tiny_models import save_tiny_model
+
+from diagnostics.cli import main
+from diagnostics.engine import PositionRecord
+from diagnostics.models import load_model
+from diagnostics.report import build_report
+from diagnostics.runner import RunRequest, compare_rules
+from diagnostics.store import Store, StoreError, export_runs, import_runs
+
+
+@pytest.fixture(scope="module")
+def group(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("report")
+    target = load_model(save_tiny_model(folder / "tiny", seed=0))
+    store = Store(folder / "runs.duckdb")
+    base = {"prompt": "w1 w2 w3 w1 w2", "draft": "ngram:2", "gamma": 3, "max_new_tokens": 14, "seed": 5, "raw": True}
+    group_id, results, _ = compare_rules(store, target, "ngram:2", [RunRequest(rule=r, **base) for r in ("lossless", "cascade:0.5")])
+    return store, [run_id for run_id, _ in results]
+
+
+def test_report_is_self_contained_and_offline(group) -> None:
+    store, run_ids = group
+    text = build_report(store, run_ids)
+    assert text.count("<script") == 1 + len(run_ids)  # plotly.js once, then one small script per figure
+    # plotly.js itself mentions URLs in strings (map tiles, its logo); the page around it must not load any.
+    page = re.sub(r"<script>.*?</script>", "", text, count=1, flags=re.S)
+    assert not re.search(r"""(src|href)=["']https?://""", page), "the report must not load anything from the network"
+    assert "Content-Security-Policy" in text and "default-src 'none'" in text
+    assert "lossless" in text and "cascade:0.5" in text and "--seed 5" in text
+    assert text.count('class="tok tok-') == 28
+
+
+def test_report_escapes_untrusted_text(tmp_path: Path) -> None:
+    store = Store(tmp_path / "runs.duckdb")
+    run_id = store.start_run({"prompt": "<script>alert(1)</script>", "rule": "lossless", "target": "t", "draft": "ngram:2",
+                              "policy": "{}", "draft_policy": "{}", "gamma": 4, "seed": 0, "max_new_tokens": 1})
+    store.add_positions(run_id, [PositionRecord(
+        position=0, block=0, index_in_block=0, kind="bonus", token=5, draft_token=None, p_token=1.0, p_draft=None,
+        q_draft=None, accept_prob=None, u_draft=None, u_accept=None, u_fallback=0.3, p_top_ids=[5], p_top_probs=[1.0],
+        p_tail=0.0, token_text="<img src=x onerror=alert(1)>")])
+    store.finish_run(run_id, "complete", {"output_text": "</pre><script>alert(3)</script>"})
+    text = build_report(store, [run_id])
+    body = text.split("</head>", 1)[1]
+    assert "<script>alert" not in body and "<img" not in body and "&lt;script&gt;" in body
+
+
+def test_report_command_writes_the_same_file(group, tmp_path: Path, capsys) -> None:
+    store, run_ids = group
+    output = tmp_path / "report.html"
+    assert main(["report", *run_ids, "--db", str(store.path), "-o", str(output)]) == 0
+    written = json.loads(capsys.readouterr().out)
+    assert written["bytes"] == len(output.read_bytes()) and output.stat().st_size < 6_000_000
+    assert main(["report", "missing", "--db", str(store.path), "-o", str(output)]) == 2
+
+
+@pytest.mark.parametrize("fmt", ["duckdb", "parquet"])
+def test_export_then_import_read_only(group, tmp_path: Path, fmt: str) -> None:
+    store, run_ids = group
+    exported = export_runs(store, run_ids[:1], tmp_path / f"share.{fmt}", fmt)
+    shared = import_runs(exported, tmp_path / "imported.duckdb")
+    assert shared.read_only
+    runs = shared.list_runs()
+    assert list(runs["run_id"]) == run_ids[:1]
+    assert len(shared.positions(run_ids[0])) == len(store.positions(run_ids[0]))
+    assert shared.get_run(run_ids[0])["tokens"] == store.get_run(run_ids[0])["tokens"]
+    with pytest.raises(StoreError, match="read-only"):
+        shared.delete_runs(run_ids[:1])
+
+
+def test_import_refuses_a_foreign_file(tmp_path: Path) -> None:
+    bogus = tmp_path / "bogus.parquet"
+    bogus.write_bytes(b"PAR1 nothing")
+    with pytest.raises(StoreError, match="not a Parquet export"):
+        import_runs(bogus, tmp_path / "x.duckdb")
