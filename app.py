@@ -5,6 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from diagnostics import __version__
+from diagnostics import charts, inspection  # noqa: F401 - imported once per server, not on a page's first visit
 from diagnostics.store import default_db_path
 
 st.set_page_config(page_title="Speculative decoding verification lab", page_icon="🔬", layout="wide")

@@ -192,37 +192,38 @@ def token_strip_html(records: list[dict], selected: int | None = None, divergenc
     """Emitted tokens as coloured spans (accepted / rejected → fallback / bonus), every text escaped.
 
     Each span's tooltip gives ``p(x)``, ``q(x)``, ``a(x)``, the coin ``u`` and the decision; the
-    selected position is outlined and the first divergence marked with a red bar.
+    selected position is outlined and the first divergence marked with a red bar. Styles are
+    classes defined once, so a 2,000-token strip stays small.
     """
     spans = []
     for record in records:
-        background, border, label = KIND_STYLE.get(record["kind"], ("#eee", "#888", record["kind"]))
+        kind = record["kind"]
+        label = KIND_STYLE.get(kind, ("", "", kind))[2]
         position = int(record["position"])
         text = record.get("token_text")
-        shown = safe_label(text if text is not None else f"⟨{record['token']}⟩", limit=60).replace(" ", "&nbsp;")
-        shown = shown.replace("\\n", "↵")
+        shown = safe_label(text if text is not None else f"⟨{record['token']}⟩", limit=60).replace("\\n", "↵")
         tip_lines = [f"position {position}, block {record.get('block')}: {label}",
                      f"emitted {record['token']}: p = {_fmt(record.get('p_token'))}"]
-        if record.get("draft_token") is not None and record.get("kind") != "bonus":
+        if record.get("draft_token") is not None and kind != "bonus":
             draft_text = record.get("draft_text")
             tip_lines += [
                 f"draft {record['draft_token']} {draft_text!r}" if draft_text is not None else f"draft {record['draft_token']}",
                 f"p(x) = {_fmt(record.get('p_draft'))}, q(x) = {_fmt(record.get('q_draft'))}, a(x) = {_fmt(record.get('accept_prob'))}",
-                f"coin u = {_fmt(record.get('u_accept'))} → {'accept' if record['kind'] == 'accepted' else 'reject'}",
+                f"coin u = {_fmt(record.get('u_accept'))} → {'accept' if kind == 'accepted' else 'reject'}",
             ]
+        classes = f"tok tok-{html.escape(kind)}" + (" tok-selected" if selected == position else "") + (" tok-diverge" if divergence == position else "")
         tip = html.escape("\n".join(tip_lines), quote=True)
-        outline = "outline:2px solid #111;" if selected == position else ""
-        marker = "border-left:3px solid #cf222e;padding-left:2px;" if divergence == position else ""
-        spans.append(
-            f'<span class="tok tok-{html.escape(record["kind"])}" data-position="{position}" title="{tip}" '
-            f'style="background:{background};border-bottom:2px solid {border};{outline}{marker}'
-            f'margin:1px;padding:0 2px;border-radius:3px;white-space:pre-wrap;font-family:monospace;">{shown}</span>'
-        )
-    legend = " ".join(
-        f'<span style="background:{bg};border-bottom:2px solid {bd};padding:0 4px;margin-right:6px;">{name}</span>'
-        for bg, bd, name in KIND_STYLE.values()
+        spans.append(f'<span class="{classes}" data-position="{position}" title="{tip}">{shown}</span>')
+    style = "".join(
+        f".tok-{kind}{{background:{background};border-bottom:2px solid {border};}}" for kind, (background, border, _) in KIND_STYLE.items()
     )
-    return f'<div class="token-strip" style="line-height:1.9;">{"".join(spans)}</div><div style="font-size:0.8em;margin-top:4px;">{legend}</div>'
+    legend = " ".join(f'<span class="tok tok-{kind}">{name}</span>' for kind, (_, _, name) in KIND_STYLE.items())
+    return (
+        "<style>.tok{margin:1px;padding:0 2px;border-radius:3px;white-space:pre-wrap;font-family:monospace;}"
+        f"{style}.tok-selected{{outline:2px solid #111;}}.tok-diverge{{border-left:3px solid #cf222e;padding-left:2px;}}</style>"
+        f'<div class="token-strip" style="line-height:1.9;">{"".join(spans)}</div>'
+        f'<div style="font-size:0.8em;margin-top:4px;">{legend}</div>'
+    )
 
 
 def tracks_figure(positions: "object", selected: int | None = None, divergence: int | None = None) -> go.Figure:
@@ -251,10 +252,12 @@ def tracks_figure(positions: "object", selected: int | None = None, divergence: 
         (4, "TV(P, p)", "tv_target", "#cf222e", "lines"),
         (4, "TV(P, baseline)", "tv_baseline", "#57606a", "lines"),
     ]
-    for row, name, column, color, mode in traces:
+    for index, (row, name, column, color, mode) in enumerate(traces):
+        # The token text rides on the first trace only; "x unified" hover shows it for all.
+        extra = {"customdata": hover, "hovertemplate": f"position %{{x}} %{{customdata}}<br>{name} = %{{y:.4f}}<extra></extra>"} \
+            if index == 0 else {"hovertemplate": f"{name} = %{{y:.4f}}<extra></extra>"}
         figure.add_scatter(row=row, col=1, x=x, y=series(column), name=name, mode=mode,
-                           line={"color": color, "width": 1.5}, marker={"color": color, "size": 5},
-                           customdata=hover, hovertemplate=f"position %{{x}} %{{customdata}}<br>{name} = %{{y:.4f}}<extra></extra>")
+                           line={"color": color, "width": 1.5}, marker={"color": color, "size": 5}, **extra)
     starts = frame.loc[frame["index_in_block"] == 0, "position"].tolist()
     if len(starts) <= 400:  # beyond that the lines are a grey wash; the hover still tells the block
         for start in starts:

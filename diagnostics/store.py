@@ -434,8 +434,8 @@ def export_runs(store: Store, run_ids: list[str], path: str | Path, fmt: str = "
         path.unlink()
     marks = ", ".join("?" for _ in run_ids)
     with store.connect(read_only=True) as con:
-        runs = con.execute(f"SELECT * FROM runs WHERE run_id IN ({marks})", run_ids).to_arrow_table()
-        positions = con.execute(f"SELECT * FROM positions WHERE run_id IN ({marks}) ORDER BY run_id, position", run_ids).to_arrow_table()
+        runs = con.sql(f"SELECT * FROM runs WHERE run_id IN ({marks})", params=run_ids).to_arrow_table()
+        positions = con.sql(f"SELECT * FROM positions WHERE run_id IN ({marks}) ORDER BY run_id, position", params=run_ids).to_arrow_table()
     if fmt == "duckdb":
         target = Store(path)
         with target.connect() as con:
@@ -451,7 +451,7 @@ def export_runs(store: Store, run_ids: list[str], path: str | Path, fmt: str = "
             con.register("r", runs)
             con.register("p", positions)
             columns = ", ".join(f'r."{name}" AS "run.{name}"' for name in RUN_COLUMNS)
-            table = con.execute(f"SELECT p.*, {columns} FROM p JOIN r USING (run_id) ORDER BY run_id, position").to_arrow_table()
+            table = con.sql(f"SELECT p.*, {columns} FROM p JOIN r USING (run_id) ORDER BY run_id, position").to_arrow_table()
         pq.write_table(table, path)
         return path
     raise StoreError(f"unknown export format {fmt!r}; use duckdb or parquet")

@@ -62,7 +62,14 @@ if "inspect_position" not in st.session_state or st.session_state.get("inspect_f
 
 divergence = run.get("divergence_position")
 st.subheader("Tokens")
-st.html(token_strip_html(records, selected=st.session_state.inspect_position, divergence=divergence))
+# A long run shows a window around the selected position: the whole text is in the expander above.
+WINDOW = 400
+centre = int(st.session_state.inspect_position)
+first = max(0, min(centre - WINDOW // 2, count - WINDOW))
+shown = records[first : first + WINDOW]
+if count > WINDOW:
+    st.caption(f"Positions {first}–{first + len(shown) - 1} of {count}, around the selected position.")
+st.html(token_strip_html(shown, selected=centre, divergence=divergence))
 
 st.subheader("Per-position tracks")
 event = st.plotly_chart(tracks_figure(positions, selected=st.session_state.inspect_position, divergence=divergence),

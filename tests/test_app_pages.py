@@ -79,7 +79,8 @@ def test_compare_page_marks_the_divergence(populated) -> None:
     lossy_id = populated["results"][1][0]
     expected = populated["divergence"][lossy_id]
     if expected is not None:
-        assert f"border-left:3px solid #cf222e" in _html(at)
+        assert f'class="tok tok-{"rejected"}' in _html(at) or "tok-diverge" in _html(at)
+        assert f'tok-diverge" data-position="{expected}"' in _html(at)
         assert any(f"position **{expected}**" in md.value for md in at.markdown)
 
 

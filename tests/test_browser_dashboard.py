@@ -1,0 +1,186 @@
+"""The dashboard in a real browser: run, inspect, compare, report offline, untrusted text inert."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from browser_support import ARTIFACTS, CHROMIUM_ARGS, chromium_path, streamlit_server
+from tiny_models import save_tiny_model
+
+from diagnostics.engine import PositionRecord
+from diagnostics.models import load_model
+from diagnostics.runner import RunRequest, compare_rules
+from diagnostics.store import Store
+
+playwright_api = pytest.importorskip("playwright.sync_api")
+SCRIPT_PROMPT = "<script>window.__pwned = 1</script><img src=x onerror=\"window.__pwned = 2\"> w1 w2 w3"
+
+
+def _long_run(store: Store, positions: int = 2000) -> str:
+    """A synthetic 2,000-position run (the page's load, not the model, is what is timed)."""
+    rng = random.Random(0)
+    run_id = store.start_run({"prompt": "long", "rule": "lenience:0.5", "target": "synthetic/model", "draft": "ngram:3",
+                              "gamma": 4, "seed": 0, "max_new_tokens": positions, "policy": "{}", "draft_policy": "{}",
+                              "prompt_ids": [1], "tokens": [rng.randrange(50) for _ in range(positions)]})
+    records = []
+    for position in range(positions):
+        kind = rng.choice(["accepted", "accepted", "rejected", "bonus"])
+        drafted = kind != "bonus"
+        records.append(PositionRecord(
+            position=position, block=position // 3, index_in_block=position % 3, kind=kind, token=rng.randrange(50),
+            draft_token=rng.randrange(50) if drafted else None, p_token=rng.random(), p_draft=rng.random() if drafted else None,
+            q_draft=rng.random() if drafted else None, accept_prob=rng.random() if drafted else None,
+            u_draft=rng.random() if drafted else None, u_accept=rng.random() if drafted else None, u_fallback=rng.random(),
+            alpha=rng.random() if drafted else None, tv_pq=rng.random() if drafted else None, entropy_p=rng.random() * 3,
+            tv_target=rng.random() * 0.2, tv_baseline=rng.random() * 0.2, p_top_ids=list(range(20)),
+            p_top_probs=[0.04] * 20, p_tail=0.2, q_top_ids=list(range(20)) if drafted else [],
+            q_top_probs=[0.04] * 20 if drafted else [], q_tail=0.2 if drafted else None, token_text=f" tok{position}",
+        ))
+    store.add_positions(run_id, records)
+    store.finish_run(run_id, "complete", {"n_tokens": positions, "acceptance_rate": 0.5, "block_efficiency": 2.0})
+    return run_id
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory) -> Iterator[dict]:
+    chromium_path()
+    folder = tmp_path_factory.mktemp("dash")
+    tiny = save_tiny_model(folder / "tiny", seed=0)
+    db = folder / "runs.duckdb"
+    store = Store(db)
+    target = load_model(tiny)
+    group_id = divergence = None
+    for seed in range(10):
+        base = {"prompt": "w1 w2 w3 w1 w2", "draft": "ngram:2", "gamma": 3, "max_new_tokens": 20, "seed": seed, "raw": True}
+        group_id, results, divergence = compare_rules(store, target, "ngram:2", [RunRequest(rule=r, **base) for r in ("lossless", "cascade:0.9")])
+        if divergence[results[1][0]] is not None:
+            break
+    long_id = _long_run(store)
+    with streamlit_server({"SPECLAB_DB": str(db), "SPECLAB_TARGET": tiny}) as url:
+        yield {"url": url, "db": db, "group": group_id, "lossy": results[1][0], "divergence": divergence[results[1][0]], "long": long_id}
+
+
+@pytest.fixture(scope="module")
+def browser(setup) -> Iterator[object]:
+    with playwright_api.sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+
+
+def _shot(page, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.wait_for_timeout(800)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
+
+
+def test_run_page_streams_tokens_and_keeps_script_inert(setup, browser) -> None:
+    page = browser.new_page(viewport={"width": 1400, "height": 1200})
+    page.goto(setup["url"])
+    page.get_by_role("heading", name="Run").first.wait_for(timeout=30_000)
+    page.get_by_label("Prompt").fill(SCRIPT_PROMPT)
+    page.get_by_text("Raw prompt (no chat template)").click()
+    page.get_by_label("Draft", exact=True).click()
+    page.get_by_role("option", name="ngram").click()
+    page.get_by_role("button", name="Run", exact=True).click()
+    page.locator(".tok").first.wait_for(timeout=60_000)
+    page.get_by_text("Inspect run").wait_for(timeout=60_000)
+    assert page.locator(".tok").count() >= 1
+    assert page.evaluate("window.__pwned") is None
+    _shot(page, "run")
+    link = page.get_by_role("link", name="Inspect run").get_attribute("href")
+    assert link.startswith("/?run=")
+    page.goto(setup["url"] + link)
+    page.get_by_role("heading", name="Inspect a run").wait_for(timeout=30_000)
+    page.get_by_text("Prompt, policy and output").click()
+    page.get_by_text("<script>window.__pwned = 1</script>", exact=False).first.wait_for(timeout=30_000)
+    assert page.evaluate("window.__pwned") is None
+    page.close()
+
+
+def test_inspect_click_a_position(setup, browser) -> None:
+    page = browser.new_page(viewport={"width": 1400, "height": 1400})
+    page.goto(f"{setup['url']}/?run={setup['lossy']}")
+    page.get_by_role("heading", name="Inspect a run").wait_for(timeout=30_000)
+    page.get_by_text("Position 0:").wait_for(timeout=30_000)
+    page.wait_for_timeout(1000)
+    points = page.locator(".js-plotly-plot").first.locator(".scatterlayer .trace").first.locator("path.point")
+    box = points.nth(min(5, points.count() - 1)).bounding_box()
+    # Plotly listens on its drag layer, not on the marker: click where the marker is drawn.
+    page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.locator("h3", has_text="Position ").filter(has_not_text="Position 0:").wait_for(timeout=30_000)
+    assert page.locator(".js-plotly-plot").count() == 2
+    _shot(page, "inspect")
+    page.close()
+
+
+def test_compare_marks_the_divergence(setup, browser) -> None:
+    page = browser.new_page(viewport={"width": 1400, "height": 1200})
+    page.goto(f"{setup['url']}/compare?group={setup['group']}")
+    page.get_by_role("heading", name="Compare").wait_for(timeout=30_000)
+    page.locator(".tok").first.wait_for(timeout=30_000)
+    if setup["divergence"] is not None:
+        marked = page.locator(f'.tok-diverge[data-position="{setup["divergence"]}"]')
+        assert marked.count() >= 1
+        page.get_by_text(f"leaves the reference at position {setup['divergence']}").wait_for(timeout=10_000)
+    _shot(page, "compare")
+    page.close()
+
+
+def test_download_report_and_open_it_offline(setup, browser, tmp_path: Path) -> None:
+    page = browser.new_page(viewport={"width": 1400, "height": 1200}, accept_downloads=True)
+    page.goto(f"{setup['url']}/runs")
+    page.get_by_role("heading", name="Runs").wait_for(timeout=30_000)
+    grid = page.locator('[data-testid="stDataFrame"]').first
+    grid.wait_for(timeout=30_000)
+    _shot(page, "runs")
+    # Select the first row through the grid's row-marker column.
+    box = grid.bounding_box()
+    page.mouse.click(box["x"] + 14, box["y"] + 52)
+    page.get_by_role("button", name="Download report (HTML)").wait_for(timeout=30_000)
+    with page.expect_download() as download:
+        page.get_by_role("button", name="Download report (HTML)").click()
+    report = tmp_path / "report.html"
+    download.value.save_as(report)
+    offline = browser.new_page()
+    requests: list[str] = []
+    offline.on("request", lambda request: requests.append(request.url))
+    offline.goto(report.as_uri())
+    offline.locator(".js-plotly-plot").first.wait_for(timeout=30_000)
+    assert all(url.startswith(("file:", "data:", "blob:")) for url in requests), requests
+    assert offline.evaluate("window.__pwned") is None
+    offline.close()
+    page.close()
+
+
+def _time_inspect(page, url: str) -> float:
+    started = time.monotonic()
+    page.goto(url)
+    page.locator(".js-plotly-plot").nth(1).wait_for(timeout=60_000)
+    page.locator('input[aria-label="Position"]').wait_for(timeout=60_000)
+    return time.monotonic() - started
+
+
+def test_long_run_inspect_is_interactive_quickly(setup, browser) -> None:
+    """Time from navigation to the tracks, the position chart and the position box of a 2,000-position run.
+
+    "cold": a fresh tab whose first page is this one (the browser also loads Plotly's bundle);
+    "warm": the same tab after another page with a chart. The warm time is held under 2 s.
+    """
+    url = f"{setup['url']}/?run={setup['long']}"
+    cold_page = browser.new_page(viewport={"width": 1400, "height": 1200})
+    cold = _time_inspect(cold_page, url)
+    cold_page.close()
+    page = browser.new_page(viewport={"width": 1400, "height": 1200})
+    page.goto(setup["url"] + "/playground")
+    page.locator(".js-plotly-plot").first.wait_for(timeout=60_000)
+    warm = _time_inspect(page, url)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS / "inspect_2000_seconds.txt").write_text(f"cold {cold:.2f}\nwarm {warm:.2f}\n")
+    assert page.locator(".token-strip .tok").count() == 400  # a window around the selected position
+    assert warm < 2.0, f"warm {warm:.2f} s, cold {cold:.2f} s"
+    page.close()
