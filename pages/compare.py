@@ -61,7 +61,9 @@ for member in members.itertuples():
                  "tokens/s": member.tokens_per_s, "mean TV(P, p)": member.mean_tv_target, "max TV(P, p)": member.max_tv_target,
                  "log-likelihood Σ log p(y)": loglik})
     strips.append((member, positions, divergence))
-st.dataframe(pd.DataFrame(rows), hide_index=True, key="cmp_table")
+table = pd.DataFrame(rows)
+st.dataframe(table, hide_index=True, key="cmp_table",
+             column_config={name: st.column_config.NumberColumn(format="%.4f") for name in table.columns[4:]})
 
 for member, positions, divergence in strips:
     st.markdown(f"**{member.rule}** · run `{member.run_id}`"

@@ -35,6 +35,7 @@ if start and request is not None:
         st.error(str(error))
         st.stop()
     progress = st.progress(0.0, text="starting…")
+    st.button("Stop", key="run_stop", help="Stops after the current block; what was recorded is kept, marked interrupted.")
     strip = st.empty()
     records: list[dict] = []
 
@@ -43,7 +44,6 @@ if start and request is not None:
         progress.progress(min(1.0, len(records) / request.max_new_tokens), text=f"{len(records)} / {request.max_new_tokens} tokens")
         strip.html(token_strip_html(records))
 
-    st.button("Stop", key="run_stop", help="Stops after the current block; what was recorded is kept.")
     try:
         run_id, run = record_run(store, target, draft, request, on_record=show)
     except (RuleError, EngineError, ModelError, StoreError, ValueError) as error:
