@@ -65,6 +65,20 @@ table = pd.DataFrame(rows)
 st.dataframe(table, hide_index=True, key="cmp_table",
              column_config={name: st.column_config.NumberColumn(format="%.4f") for name in table.columns[4:]})
 
+divergences = [d for _, _, d in strips if d is not None]
+if divergences:
+    first = min(divergences)
+    st.subheader(f"Aligned by position around the first divergence ({first})")
+    window = range(max(0, first - 3), first + 12)
+    aligned = {"position": list(window)}
+    for member, positions, _ in strips:
+        by_position = positions.set_index("position")
+        aligned[member.rule] = [
+            f"{by_position.at[p, 'token_text'] if pd.notna(by_position.at[p, 'token_text']) else by_position.at[p, 'token']!s} · {by_position.at[p, 'kind']}"
+            if p in by_position.index else "" for p in window
+        ]
+    st.dataframe(pd.DataFrame(aligned), hide_index=True, key="cmp_aligned")
+
 for member, positions, divergence in strips:
     st.markdown(f"**{member.rule}** · run `{member.run_id}`"
                 + (f" · leaves the reference at position **{divergence}** ([inspect there](/?run={member.run_id}&pos={divergence}))"
