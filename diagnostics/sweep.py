@@ -60,37 +60,24 @@ def distortion_sweep(
     p = p_target.to(torch.float64)
     q_t = (1.0 - t[:, None]) * q_start.to(torch.float64)[None, :] + t[:, None] * p[None, :]
     p_rows = p.expand_as(q_t)
+
+    def curve(label: str, spec: str, law: torch.Tensor, baseline: torch.Tensor, acceptance: torch.Tensor,
+              tree: bool, limits: tuple[float, float] | None = None) -> SweepCurve:
+        return SweepCurve(label=label, spec=spec, tree=tree, t=t.tolist(),
+                          tv_target=total_variation(law, p_rows).tolist(),
+                          tv_baseline=total_variation(law, baseline).tolist(),
+                          acceptance=acceptance.tolist(),
+                          limit_baseline=limits[0] if limits else None,
+                          limit_target=limits[1] if limits else None)
+
     sweep = Sweep()
     for spec in specs:
         rule = get_rule(spec)
-        law = rule.induced(p_rows, q_t)
-        limits = truncation_limits(rule, p)
-        sweep.curves.append(
-            SweepCurve(
-                label=spec,
-                spec=spec,
-                tree=False,
-                t=t.tolist(),
-                tv_target=total_variation(law, p_rows).tolist(),
-                tv_baseline=total_variation(law, rule.baseline(p_rows)).tolist(),
-                acceptance=rule.acceptance(p_rows, q_t).tolist(),
-                limit_baseline=limits[0] if limits else None,
-                limit_target=limits[1] if limits else None,
-            )
-        )
+        sweep.curves.append(curve(spec, spec, rule.induced(p_rows, q_t), rule.baseline(p_rows),
+                                  rule.acceptance(p_rows, q_t), False, truncation_limits(rule, p)))
     for spec in tree_specs:
         tree: TreeRule = get_tree_rule(spec)
         candidates = top_candidates(q_t, tree_k)
-        law = tree.induced(p_rows, candidates)
-        sweep.curves.append(
-            SweepCurve(
-                label=f"tree {spec} (top-{tree_k})",
-                spec=spec,
-                tree=True,
-                t=t.tolist(),
-                tv_target=total_variation(law, p_rows).tolist(),
-                tv_baseline=total_variation(law, tree.baseline(p_rows)).tolist(),
-                acceptance=tree.acceptance(p_rows, candidates).tolist(),
-            )
-        )
+        sweep.curves.append(curve(f"tree {spec} (top-{tree_k})", spec, tree.induced(p_rows, candidates),
+                                  tree.baseline(p_rows), tree.acceptance(p_rows, candidates), True))
     return sweep
