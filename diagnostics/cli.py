@@ -53,11 +53,25 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("run_ids", nargs="+", metavar="RUN_ID")
     report.add_argument("--db", default=None, help="DuckDB file (default $SPECLAB_DB or data/runs.duckdb)")
     report.add_argument("-o", "--output", required=True, help="the HTML file to write")
+    audit = commands.add_parser("audit", help="rule-level losslessness audit of a rule or of transformers' _speculative_sampling")
+    audit.add_argument("--rule", default=None, help="audit our rule SPEC (default lossless)")
+    audit.add_argument("--implementation", choices=["ours", "transformers", *sorted(_mutant_names())], default="ours",
+                       help="what to audit: our rules, transformers' _speculative_sampling, or a planted bug")
+    audit.add_argument("--declared", default=None, help="test against this lossy rule's exact law instead of p")
+    audit.add_argument("--samples", type=int, default=60_000, help="verification steps per (p, q) pair")
+    audit.add_argument("--level", type=float, default=0.01, help="family-wise false-alarm rate")
+    audit.add_argument("--seed", type=int, default=0)
     bench = commands.add_parser("bench", help="speed ratios against plain decoding and transformers generate, in one run")
     bench.add_argument("--max-new-tokens", type=int, default=48)
     bench.add_argument("--repeat", type=int, default=2)
     bench.add_argument("--quick", action="store_true", help="fewer settings (for a smoke test)")
     return parser
+
+
+def _mutant_names() -> list[str]:
+    from diagnostics.audit import RULE_MUTANTS
+
+    return list(RULE_MUTANTS)
 
 
 def split_rules(text: str) -> list[str]:
@@ -213,6 +227,21 @@ def _command_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _command_audit(args: argparse.Namespace) -> int:
+    from diagnostics.audit import RULE_MUTANTS, audit_rule, battery, rule_adapter, transformers_adapter
+
+    if args.implementation == "ours":
+        verify, name = rule_adapter(args.rule or "lossless"), f"ours:{args.rule or 'lossless'}"
+    elif args.implementation == "transformers":
+        verify, name = transformers_adapter(), "transformers._speculative_sampling"
+    else:
+        verify, name = RULE_MUTANTS[args.implementation][1], f"planted:{args.implementation}"
+    result = audit_rule(verify, battery(seed=args.seed), n=args.samples, level=args.level, declared=args.declared,
+                        seed=args.seed, implementation=name)
+    print(json.dumps(result.as_dict()))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit status."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -230,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
             return _command_compare(args)
         if args.command == "report":
             return _command_report(args)
+        if args.command == "audit":
+            return _command_audit(args)
         from diagnostics.bench import run_bench
 
         return run_bench(args)

@@ -1,0 +1,232 @@
+"""Losslessness audit, rule level: run a verification step many times and test its output law.
+
+Adapter signature (document it to users as is)::
+
+    verify(p_target: Tensor[V], q_draft: Tensor[V], drafts: LongTensor[n], generator) -> LongTensor[n]
+
+``drafts`` are ``n`` tokens the auditor drew from ``q``; ``verify`` performs one verification
+step per draft (accept it, or emit its fallback) and returns the emitted tokens. Wrap any
+implementation in that shape: ours (``rule_adapter``), transformers' ``_speculative_sampling``
+(``transformers_adapter``), or your own callable.
+
+Each pair of a battery gets a χ² test of the emitted tokens against ``p`` (or, for a declared
+lossy rule, against its ``induced`` law). The p-values are adjusted with Holm's method, so the
+chance that a correct implementation is flagged on any pair is at most ``level`` (1% by
+default) by construction. The report states, per pair, the smallest TV the test detects with
+probability ≥ 0.9 at its Bonferroni level.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from diagnostics.gof import chi_square_gof, counts_of, detectable_tv
+from diagnostics.metrics import total_variation
+from diagnostics.rng import sample_inverse_cdf
+from diagnostics.rules import Rule, as_laws, get_rule, normalise_or
+
+Verify = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Generator], torch.Tensor]
+DETECTION_POWER = 0.9
+
+
+@dataclass
+class PairResult:
+    label: str
+    n: int
+    statistic: float
+    dof: int
+    p_value: float
+    adjusted_p: float
+    detectable_tv: float
+    observed_tv: float
+    impossible: int
+
+
+@dataclass
+class RuleAudit:
+    """Verdict with its evidence."""
+
+    implementation: str
+    reference: str  # "p" (lossless claim) or the declared rule's spec
+    level: float
+    n_per_pair: int
+    verdict: str
+    pairs: list[PairResult] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == "pass"
+
+    @property
+    def worst(self) -> PairResult:
+        return min(self.pairs, key=lambda pair: pair.adjusted_p)
+
+    @property
+    def max_detectable_tv(self) -> float:
+        return max(pair.detectable_tv for pair in self.pairs)
+
+    def as_dict(self) -> dict:
+        payload = asdict(self)
+        payload["max_detectable_tv"] = self.max_detectable_tv
+        payload["worst_pair"] = self.worst.label
+        return payload
+
+
+def _dirichlet(vocab: int, concentration: float, generator: torch.Generator) -> torch.Tensor:
+    draws = torch._standard_gamma(torch.full((vocab,), concentration, dtype=torch.float64), generator=generator)
+    draws = draws.clamp(min=1e-300)
+    return draws / draws.sum()
+
+
+def _keep_top(law: torch.Tensor, keep: int) -> torch.Tensor:
+    kept = torch.zeros_like(law)
+    top = torch.topk(law, keep).indices
+    kept[top] = law[top]
+    return kept / kept.sum()
+
+
+def battery(vocab: int = 12, seed: int = 0, extra: list[tuple[str, torch.Tensor, torch.Tensor]] | None = None) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """``(label, p, q)`` pairs: Dirichlet at several concentrations, truncated policies, a peaked
+    target, drafts with zeros; ``extra`` adds pairs taken from real runs."""
+    generator = torch.Generator().manual_seed(seed)
+    pairs = []
+    for concentration in (0.2, 1.0, 5.0):
+        pairs.append((f"dirichlet({concentration:g})", _dirichlet(vocab, concentration, generator), _dirichlet(vocab, concentration, generator)))
+    p, q = _dirichlet(vocab, 1.0, generator), _dirichlet(vocab, 1.0, generator)
+    pairs.append(("truncated target and draft", _keep_top(p, vocab // 2), _keep_top(q, vocab // 2 + 1)))
+    peaked = torch.softmax(-1.5 * torch.randperm(vocab, generator=generator).to(torch.float64), -1)
+    pairs.append(("peaked target", peaked, _dirichlet(vocab, 2.0, generator)))
+    q_zero = _dirichlet(vocab, 1.0, generator)
+    p_zero = _dirichlet(vocab, 1.0, generator)
+    q_zero[p_zero.argmax()] = 0.0
+    pairs.append(("draft with zeros (never proposes p's favourite)", p_zero, q_zero / q_zero.sum()))
+    return pairs + list(extra or [])
+
+
+def rule_adapter(rule: Rule | str) -> Verify:
+    """Our rule as an adapter: coin ``u < a(x)``, else a draw from ``f``."""
+    rule = get_rule(rule)
+
+    def verify(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        accept = rule.accept_prob(p, q)[drafts]
+        coins = torch.rand(drafts.shape, generator=generator, dtype=torch.float64)
+        fallback = sample_inverse_cdf(rule.fallback(p, q).expand(drafts.numel(), -1),
+                                      torch.rand(drafts.shape, generator=generator, dtype=torch.float64))
+        return torch.where(coins < accept, drafts, fallback)
+
+    return verify
+
+
+def transformers_adapter() -> Verify:
+    """transformers' ``_speculative_sampling`` with one candidate: logits ``log q`` and ``log p``."""
+    from transformers.generation.utils import _speculative_sampling
+
+    def verify(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator)))
+        candidate_logits = torch.log(q.float()).reshape(1, 1, -1)
+        new_logits = torch.log(p.float()).reshape(1, 1, -1).expand(1, 2, -1)  # position 0 and the bonus position
+        emitted = torch.empty_like(drafts)
+        for index, draft in enumerate(drafts.tolist()):
+            tokens, _ = _speculative_sampling(torch.tensor([[draft]]), candidate_logits, 1, new_logits)
+            emitted[index] = tokens[0, 0]
+        return emitted
+
+    return verify
+
+
+def audit_rule(
+    verify: Verify,
+    pairs: list[tuple[str, torch.Tensor, torch.Tensor]],
+    n: int = 60_000,
+    level: float = 0.01,
+    declared: str | Rule | None = None,
+    seed: int = 0,
+    implementation: str = "callable",
+) -> RuleAudit:
+    """Test ``verify``'s output law on every pair against ``p`` (or the declared rule's induced law).
+
+    Verdict ``pass`` when no Holm-adjusted p-value falls below ``level``; the family-wise false
+    alarm rate of a correct implementation is then at most ``level``.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    reference_rule = get_rule(declared) if declared is not None else None
+    raw = []
+    for label, p, q in pairs:
+        p_target, q_draft = as_laws(p, q)
+        law = reference_rule.induced(p_target, q_draft) if reference_rule else p_target
+        drafts = sample_inverse_cdf(q_draft.expand(n, -1), torch.rand(n, generator=generator, dtype=torch.float64))
+        emitted = verify(p_target, q_draft, drafts, generator)
+        counts = counts_of(emitted, p_target.numel())
+        result = chi_square_gof(counts, law)
+        observed_tv = float(total_variation(counts / counts.sum(), law))
+        raw.append((label, result, observed_tv, law))
+    m = len(raw)
+    order = sorted(range(m), key=lambda index: raw[index][1].p_value)
+    adjusted = [0.0] * m
+    running = 0.0
+    for rank, index in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * raw[index][1].p_value))
+        adjusted[index] = running
+    results = []
+    for index, (label, result, observed_tv, law) in enumerate(raw):
+        dof = max(1, int((law > 0).sum()) - 1)
+        results.append(PairResult(label=label, n=n, statistic=result.statistic, dof=result.dof, p_value=result.p_value,
+                                  adjusted_p=adjusted[index], detectable_tv=detectable_tv(n, dof, level / m, DETECTION_POWER),
+                                  observed_tv=observed_tv, impossible=result.impossible))
+    verdict = "fail" if any(pair.adjusted_p < level for pair in results) else "pass"
+    return RuleAudit(implementation=implementation, reference=reference_rule.spec if reference_rule else "p (lossless)",
+                     level=level, n_per_pair=n, verdict=verdict, pairs=results)
+
+
+# --------------------------------------------------------------------------------------------
+# Planted bugs at the rule level (one per bug class that a single verification step can show)
+# --------------------------------------------------------------------------------------------
+
+
+def _lossless_step(p: torch.Tensor, q_verify: torch.Tensor, drafts: torch.Tensor, generator: torch.Generator,
+                   residual: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+                   reuse_coin: bool = False) -> torch.Tensor:
+    accept = torch.where(q_verify[drafts] > 0, (p[drafts] / q_verify[drafts]).clamp(max=1.0), torch.ones(()))
+    coins = torch.rand(drafts.shape, generator=generator, dtype=torch.float64)
+    law = residual(p, q_verify) if residual else normalise_or((p - q_verify).clamp(min=0.0), p)
+    second = coins if reuse_coin else torch.rand(drafts.shape, generator=generator, dtype=torch.float64)
+    fallback = sample_inverse_cdf(law.expand(drafts.numel(), -1), second)
+    return torch.where(coins < accept, drafts, fallback)
+
+
+def _softmax_residual(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    return _lossless_step(p, q, drafts, generator, residual=lambda a, b: torch.softmax(a - b, -1))
+
+
+def _reused_coin(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    return _lossless_step(p, q, drafts, generator, reuse_coin=True)
+
+
+def _greedy_draft_softmax_q(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    # The drafter proposes argmax q every time, but verification is told the draft law was q.
+    greedy = torch.full_like(drafts, int(q.argmax()))
+    return _lossless_step(p, q, greedy, generator)
+
+
+def _raw_q(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    # Drafts come from q; verification uses the draft's law before its policy (here: q flattened, as raw logits would be).
+    raw = normalise_or(q.sqrt(), q)
+    return _lossless_step(p, raw, drafts, generator)
+
+
+def _temperature_one_side(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    # The verifier sharpens p with T = 0.7 that the baseline policy does not apply.
+    hot = normalise_or(p ** (1 / 0.7), p)
+    return _lossless_step(hot, q, drafts, generator)
+
+
+RULE_MUTANTS: dict[str, tuple[str, Verify]] = {
+    "residual_softmax": ("residual taken as softmax(p − q) instead of norm((p − q)+)", _softmax_residual),
+    "coin_reused": ("the accept coin reused for the residual draw", _reused_coin),
+    "greedy_draft_softmax_q": ("greedy draft, but its softmax used as q", _greedy_draft_softmax_q),
+    "raw_q": ("q taken before the draft policy (raw) while drafts follow the processed q", _raw_q),
+    "temperature_one_side": ("temperature applied on one side only: the verifier's p is not the baseline's", _temperature_one_side),
+}
