@@ -61,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--samples", type=int, default=60_000, help="verification steps per (p, q) pair")
     audit.add_argument("--level", type=float, default=0.01, help="family-wise false-alarm rate")
     audit.add_argument("--seed", type=int, default=0)
+    audit.add_argument("--run", default=None, help="audit a recorded run instead: replay every decision (with --db)")
+    audit.add_argument("--db", default=None, help="DuckDB file of the run (default $SPECLAB_DB or data/runs.duckdb)")
     bench = commands.add_parser("bench", help="speed ratios against plain decoding and transformers generate, in one run")
     bench.add_argument("--max-new-tokens", type=int, default=48)
     bench.add_argument("--repeat", type=int, default=2)
@@ -228,8 +230,26 @@ def _command_report(args: argparse.Namespace) -> int:
 
 
 def _command_audit(args: argparse.Namespace) -> int:
-    from diagnostics.audit import RULE_MUTANTS, audit_rule, battery, rule_adapter, transformers_adapter
+    from diagnostics.audit import RULE_MUTANTS, audit_recorded_run, audit_rule, battery, rule_adapter, transformers_adapter
 
+    if args.run:
+        from diagnostics.inspection import target_spec
+        from diagnostics.models import ModelError, load_model
+        from diagnostics.store import Store
+
+        store = Store(args.db, read_only=True)
+        run = store.get_run(args.run)
+        if run is None:
+            raise ValueError(f"there is no run {args.run!r} in {store.path}")
+        try:
+            target = load_model(target_spec(run), local_only=True)
+        except ModelError:
+            target = None  # replay and flags only; say so in the output
+        result = audit_recorded_run(store, args.run, target)
+        payload = result.as_dict()
+        payload["p_recomputed"] = target is not None
+        print(json.dumps(payload))
+        return 0
     if args.implementation == "ours":
         verify, name = rule_adapter(args.rule or "lossless"), f"ours:{args.rule or 'lossless'}"
     elif args.implementation == "transformers":

@@ -60,7 +60,7 @@ def exact_laws(run: dict[str, Any], record: dict[str, Any], target: LoadedModel)
         q_draft = torch.zeros(vocab, dtype=torch.float64)
         q_draft[int(record["draft_token"])] = 1.0
         return p_target, q_draft
-    drafter = early_exit_model(target, int(draft.value)) if draft.kind == "early-exit" else load_model(draft.value, device=target.device)
+    drafter = early_exit_model(target, int(draft.value)) if draft.kind == "early-exit" else load_model(draft.value, device=target.device, local_only=True)
     return p_target, _next_law(drafter, prefix, _policy(run["draft_policy"]), vocab)
 
 

@@ -70,3 +70,68 @@ def test_audit_command_prints_a_verdict(capsys) -> None:
     assert main(["audit", "--implementation", "residual_softmax", "--samples", "20000"]) == 0
     planted = json.loads(capsys.readouterr().out)
     assert planted["verdict"] == "fail" and planted["pairs"][0]["adjusted_p"] <= 1.0
+
+
+def _recorded(tmp_path, rule="lossless", planted=None, monkeypatch=None):
+    from engine_sampling import stale_rollback
+    from tiny_models import save_tiny_model
+
+    from diagnostics.drafters import TargetScorer
+    from diagnostics.models import load_model
+    from diagnostics.runner import RunRequest, record_run
+    from diagnostics.store import Store
+
+    target = load_model(save_tiny_model(tmp_path / "tiny", seed=0))
+    draft_folder = save_tiny_model(tmp_path / "draft", seed=1)
+    store = Store(tmp_path / "runs.duckdb")
+    if planted == "rollback":
+        monkeypatch.setattr(TargetScorer, "rollback", stale_rollback)
+    run_id, _ = record_run(store, target, load_model(draft_folder),
+                           RunRequest(prompt="w1 w2 w3 w4", rule=rule, draft=f"model:{draft_folder}", gamma=3,
+                                      max_new_tokens=30, seed=3, raw=True))
+    return store, run_id, target
+
+
+def test_recorded_run_replays_cleanly(tmp_path) -> None:
+    from diagnostics.audit import audit_recorded_run
+
+    store, run_id, target = _recorded(tmp_path, rule="lenience:0.5")
+    result = audit_recorded_run(store, run_id, target)
+    assert result.verdict == "pass", result.flags
+    assert result.max_p_difference < 1e-4 and result.positions > 0
+
+
+def test_recorded_run_with_a_stale_cache_is_flagged(tmp_path, monkeypatch) -> None:
+    from diagnostics.audit import audit_recorded_run
+
+    store, run_id, target = _recorded(tmp_path, planted="rollback", monkeypatch=monkeypatch)
+    monkeypatch.undo()
+    result = audit_recorded_run(store, run_id, target)
+    assert result.verdict == "fail" and any(flag["check"] == "p recomputed" for flag in result.flags)
+
+
+def test_tampered_or_impossible_records_are_flagged(tmp_path) -> None:
+    import duckdb
+
+    from diagnostics.audit import audit_recorded_run
+
+    store, run_id, _ = _recorded(tmp_path)
+    with duckdb.connect(str(store.path)) as con:
+        first = con.execute("SELECT min(position) FROM positions WHERE run_id = ? AND kind != 'bonus'", [run_id]).fetchone()[0]
+        con.execute("UPDATE positions SET kind = CASE WHEN kind = 'accepted' THEN 'rejected' ELSE 'accepted' END, q_draft = 0 "
+                    "WHERE run_id = ? AND position = ?", [run_id, first])
+    result = audit_recorded_run(store, run_id)
+    checks = {flag["check"] for flag in result.flags if flag["position"] == first}
+    assert {"replay", "q(x) = 0"} <= checks and result.verdict == "fail"
+
+
+def test_audit_command_on_a_recorded_run(tmp_path, capsys) -> None:
+    import json
+
+    from diagnostics.cli import main
+
+    store, run_id, _ = _recorded(tmp_path)
+    assert main(["audit", "--run", run_id, "--db", str(store.path)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["verdict"] == "pass" and result["p_recomputed"] and result["positions"] > 0
+    assert main(["audit", "--run", "nope", "--db", str(store.path)]) == 2
