@@ -25,7 +25,7 @@ import torch
 
 from diagnostics.drafters import Drafter, ModelDrafter, NgramDrafter, TargetScorer, fit_vocabulary
 from diagnostics.metrics import entropy, kl_divergence, overshoot_mass, severe_overshoot_mass, total_variation
-from diagnostics.models import LoadedModel, ModelError, check_vocabularies, early_exit_model, load_model, parse_draft, wrap_model
+from diagnostics.models import LoadedModel, check_vocabularies, early_exit_model, load_model, parse_draft, wrap_model
 from diagnostics.policy import Policy, probabilities
 from diagnostics.rng import sample_inverse_cdf, uniform_scalar
 from diagnostics.rules import Rule, get_rule

@@ -17,7 +17,7 @@ draft could not have proposed is accepted only if the target allows it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch

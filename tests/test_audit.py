@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from diagnostics.audit import RULE_MUTANTS, audit_rule, battery, rule_adapter, transformers_adapter
-from diagnostics.rules import get_rule, normalise_or
+from diagnostics.rules import normalise_or
 
 N = 60_000
 

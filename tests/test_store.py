@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import subprocess
 import sys
 import textwrap
@@ -15,7 +14,6 @@ import pytest
 from tiny_models import save_tiny_model
 
 from diagnostics.models import load_model
-from diagnostics.policy import Policy
 from diagnostics.runner import RunRequest, compare_rules, record_run
 from diagnostics.store import SCHEMA_VERSION, Store, StoreBusy, StoreError
 
