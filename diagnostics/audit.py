@@ -319,3 +319,131 @@ def audit_recorded_run(store, run_id: str, target=None, z_limit: float = 4.0, p_
         flag(-1, "acceptance count", f"{accepted} accepted vs Σα = {alpha_sum:.1f} (z = {z:.1f})")
     return RecordedAudit(run_id=run_id, positions=len(records), verdict="fail" if flags else "pass", acceptance_z=z,
                          accepted=accepted, expected_accepted=alpha_sum, max_p_difference=max_difference, flags=flags)
+
+
+# --------------------------------------------------------------------------------------------
+# Engine level: a whole generator against the target's exact law (teacher forcing)
+# --------------------------------------------------------------------------------------------
+
+Generator = Callable[[list[int], int], list[int]]
+PIT_BINS = 20
+
+
+@dataclass
+class EngineAudit:
+    """Randomized-PIT test of a generator's emitted tokens against independently recomputed ``p``."""
+
+    implementation: str
+    generations: int
+    tokens: int
+    verdict: str
+    statistic: float
+    p_value: float
+    impossible: int
+    level: float
+    detectable_tv: float
+    bin_counts: list[int] = field(default_factory=list)
+    errors: int = 0
+    first_error: str | None = None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@torch.inference_mode()
+def teacher_forced_laws(target, prompt_ids: list[int], tokens: list[int], policy) -> torch.Tensor:
+    """``p_t(· | prompt, y_<t)`` for every emitted position, from one plain cache-free forward."""
+    from diagnostics.drafters import fit_vocabulary
+    from diagnostics.policy import probabilities
+
+    ids = torch.tensor([list(prompt_ids) + list(tokens)], device=target.device)
+    logits = target.model(input_ids=ids, use_cache=False).logits[0].float().cpu()
+    start = len(prompt_ids) - 1
+    return probabilities(fit_vocabulary(logits[start : start + len(tokens)], target.vocab_size), policy)
+
+
+def audit_generator(
+    generate_fn: Generator,
+    target,
+    prompt_ids: list[int],
+    seeds: range | list[int],
+    policy=None,
+    level: float = 0.01,
+    eos: set[int] | None = None,
+    implementation: str = "generator",
+) -> EngineAudit:
+    """Pool every emitted token of every seeded generation into one uniformity test.
+
+    For token ``y_t`` with exact law ``p_t`` (teacher forcing, the baseline policy), the
+    randomized PIT ``u_t = F_t(y_t − 1) + V·p_t(y_t)`` over a random order of the vocabulary
+    (fresh per token, independent of the generator) is Uniform(0, 1) and independent across
+    tokens exactly when the generator samples ``p``; a χ² test over ``PIT_BINS`` equal bins
+    tests that. A token with ``p_t(y_t) = 0`` fails the audit outright.
+    """
+    from diagnostics.gof import chi_square_gof
+    from diagnostics.policy import Policy
+
+    policy = policy or Policy()
+    stop = set(eos or ())
+    auxiliary = torch.Generator().manual_seed(12345)
+    pits: list[float] = []
+    impossible = 0
+    generations = 0
+    errors, first_error = 0, None
+    for seed in seeds:
+        generations += 1
+        try:
+            tokens = list(generate_fn(list(prompt_ids), int(seed)))
+        except Exception as error:  # a generator that crashes on some seeds is not a sampler of p
+            errors += 1
+            first_error = first_error or f"seed {seed}: {error.__class__.__name__}: {error}"
+            continue
+        for index, token in enumerate(tokens):
+            if token in stop:
+                tokens = tokens[: index + 1]
+                break
+        if not tokens:
+            continue
+        laws = teacher_forced_laws(target, prompt_ids, tokens, policy)
+        for law, token in zip(laws, tokens):
+            if law[token] <= 0:
+                impossible += 1
+                continue
+            order = torch.randperm(law.numel(), generator=auxiliary)
+            rank = int((order == token).nonzero())
+            shuffled = law[order]
+            below = float(shuffled[:rank].sum())
+            pits.append(below + float(torch.rand((), generator=auxiliary, dtype=torch.float64)) * float(law[token]))
+    values = torch.tensor(pits, dtype=torch.float64)
+    counts = torch.histc(values, bins=PIT_BINS, min=0.0, max=1.0) if len(pits) else torch.zeros(PIT_BINS)
+    result = chi_square_gof(counts, torch.full((PIT_BINS,), 1.0 / PIT_BINS))
+    failed = impossible > 0 or errors > 0 or result.p_value < level
+    return EngineAudit(errors=errors, first_error=first_error, implementation=implementation, generations=generations, tokens=len(pits),
+                       verdict="fail" if failed else "pass", statistic=result.statistic, p_value=result.p_value,
+                       impossible=impossible, level=level,
+                       detectable_tv=detectable_tv(max(1, len(pits)), PIT_BINS - 1, level, DETECTION_POWER),
+                       bin_counts=[int(count) for count in counts.tolist()])
+
+
+def transformers_generator(target, assistant, max_new_tokens: int, **settings) -> Generator:
+    """transformers ``generate`` with ``assistant_model`` and ``do_sample=True`` as an audited generator."""
+    def run(prompt_ids: list[int], seed: int) -> list[int]:
+        torch.manual_seed(seed)
+        ids = torch.tensor([prompt_ids], device=target.device)
+        with torch.inference_mode():
+            output = target.model.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=assistant.model,
+                                           do_sample=True, max_new_tokens=max_new_tokens, top_k=0, top_p=1.0,
+                                           temperature=1.0, **settings)
+        return output[0, len(prompt_ids):].tolist()
+
+    return run
+
+
+def engine_generator(target, draft, max_new_tokens: int, **settings) -> Generator:
+    """Our engine as an audited generator."""
+    from diagnostics.engine import generate
+
+    def run(prompt_ids: list[int], seed: int) -> list[int]:
+        return generate(target, draft, prompt_ids, max_new_tokens=max_new_tokens, seed=seed, record=False, **settings).tokens
+
+    return run

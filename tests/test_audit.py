@@ -135,3 +135,41 @@ def test_audit_command_on_a_recorded_run(tmp_path, capsys) -> None:
     result = json.loads(capsys.readouterr().out)
     assert result["verdict"] == "pass" and result["p_recomputed"] and result["positions"] > 0
     assert main(["audit", "--run", "nope", "--db", str(store.path)]) == 2
+
+
+ENGINE_SEEDS = range(800)
+
+
+@pytest.fixture(scope="module")
+def tiny_pair():
+    from tiny_models import tiny_llama
+
+    return tiny_llama(0, vocab=12, sharpness=2.0), tiny_llama(1, vocab=12, sharpness=2.0)
+
+
+def test_engine_audit_passes_our_engine_and_catches_a_stale_cache(tiny_pair, monkeypatch) -> None:
+    from engine_sampling import stale_rollback
+
+    from diagnostics.audit import audit_generator, engine_generator
+    from diagnostics.drafters import TargetScorer
+
+    target, draft = tiny_pair
+    prompt = [1, 2, 3, 4, 1, 2, 3]
+    ours = audit_generator(engine_generator(target, draft, 12, gamma=3, eos_token_id=[]), target, prompt, ENGINE_SEEDS)
+    assert ours.verdict == "pass" and ours.tokens == 800 * 12 and ours.impossible == 0, ours
+    monkeypatch.setattr(TargetScorer, "rollback", stale_rollback)
+    planted = audit_generator(engine_generator(target, draft, 12, gamma=3, eos_token_id=[]), target, prompt, ENGINE_SEEDS)
+    # It fails on the pooled law of the generations that finished, not only because some crashed.
+    assert planted.verdict == "fail" and planted.p_value < 0.01, planted
+
+
+def test_engine_audit_of_transformers_assisted_generation(tiny_pair) -> None:
+    """transformers `generate(assistant_model=…, do_sample=True)` on tiny models: the assistant samples
+    with the main generation config and verification uses its processed scores, so it passes."""
+    from diagnostics.audit import audit_generator, transformers_generator
+
+    target, draft = tiny_pair
+    generator = transformers_generator(target, draft, 12, num_assistant_tokens=3, num_assistant_tokens_schedule="constant")
+    result = audit_generator(generator, target, [1, 2, 3, 4, 1, 2, 3], ENGINE_SEEDS, eos={11})
+    assert result.verdict == "pass" and result.impossible == 0, result
+    assert result.tokens > 5000 and result.detectable_tv < 0.05
