@@ -27,6 +27,7 @@ from diagnostics.gof import chi_square_gof, counts_of, detectable_tv
 from diagnostics.metrics import total_variation
 from diagnostics.rng import sample_inverse_cdf
 from diagnostics.rules import Rule, as_laws, get_rule, normalise_or
+from diagnostics.synthetic import dirichlet, keep_top
 
 Verify = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Generator], torch.Tensor]
 DETECTION_POWER = 0.9
@@ -75,32 +76,19 @@ class RuleAudit:
         return payload
 
 
-def _dirichlet(vocab: int, concentration: float, generator: torch.Generator) -> torch.Tensor:
-    draws = torch._standard_gamma(torch.full((vocab,), concentration, dtype=torch.float64), generator=generator)
-    draws = draws.clamp(min=1e-300)
-    return draws / draws.sum()
-
-
-def _keep_top(law: torch.Tensor, keep: int) -> torch.Tensor:
-    kept = torch.zeros_like(law)
-    top = torch.topk(law, keep).indices
-    kept[top] = law[top]
-    return kept / kept.sum()
-
-
 def battery(vocab: int = 12, seed: int = 0, extra: list[tuple[str, torch.Tensor, torch.Tensor]] | None = None) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
     """``(label, p, q)`` pairs: Dirichlet at several concentrations, truncated policies, a peaked
     target, drafts with zeros; ``extra`` adds pairs taken from real runs."""
     generator = torch.Generator().manual_seed(seed)
     pairs = []
     for concentration in (0.2, 1.0, 5.0):
-        pairs.append((f"dirichlet({concentration:g})", _dirichlet(vocab, concentration, generator), _dirichlet(vocab, concentration, generator)))
-    p, q = _dirichlet(vocab, 1.0, generator), _dirichlet(vocab, 1.0, generator)
-    pairs.append(("truncated target and draft", _keep_top(p, vocab // 2), _keep_top(q, vocab // 2 + 1)))
+        pairs.append((f"dirichlet({concentration:g})", dirichlet(vocab, concentration, generator), dirichlet(vocab, concentration, generator)))
+    p, q = dirichlet(vocab, 1.0, generator), dirichlet(vocab, 1.0, generator)
+    pairs.append(("truncated target and draft", keep_top(p, vocab // 2), keep_top(q, vocab // 2 + 1)))
     peaked = torch.softmax(-1.5 * torch.randperm(vocab, generator=generator).to(torch.float64), -1)
-    pairs.append(("peaked target", peaked, _dirichlet(vocab, 2.0, generator)))
-    q_zero = _dirichlet(vocab, 1.0, generator)
-    p_zero = _dirichlet(vocab, 1.0, generator)
+    pairs.append(("peaked target", peaked, dirichlet(vocab, 2.0, generator)))
+    q_zero = dirichlet(vocab, 1.0, generator)
+    p_zero = dirichlet(vocab, 1.0, generator)
     q_zero[p_zero.argmax()] = 0.0
     pairs.append(("draft with zeros (never proposes p's favourite)", p_zero, q_zero / q_zero.sum()))
     return pairs + list(extra or [])

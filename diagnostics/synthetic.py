@@ -24,10 +24,19 @@ class Pair:
     description: str
 
 
-def _dirichlet(vocab: int, concentration: float, generator: torch.Generator) -> torch.Tensor:
+def dirichlet(vocab: int, concentration: float, generator: torch.Generator) -> torch.Tensor:
+    """A ``Dirichlet(concentration)`` law over ``vocab`` tokens, in float64 (normalised gamma draws)."""
     alpha = torch.full((vocab,), float(concentration), dtype=torch.float64)
     draws = torch._standard_gamma(alpha, generator=generator).clamp(min=1e-300)
     return draws / draws.sum()
+
+
+def keep_top(law: torch.Tensor, keep: int) -> torch.Tensor:
+    """Zero all but the ``keep`` largest entries and renormalise: a truncated policy."""
+    kept = torch.zeros_like(law)
+    top = torch.topk(law, keep).indices
+    kept[top] = law[top]
+    return kept / kept.sum()
 
 
 def _labels(vocab: int) -> list[str]:
@@ -58,13 +67,13 @@ def make_pair(
         raise ValueError(f"noise must lie in [0, 1], got {noise}")
     generator = torch.Generator().manual_seed(int(seed))
     if preset == "dirichlet":
-        p = _dirichlet(vocab, concentration, generator)
-        q = _dirichlet(vocab, concentration, generator)
+        p = dirichlet(vocab, concentration, generator)
+        q = dirichlet(vocab, concentration, generator)
     elif preset == "peaked":
         ranks = torch.randperm(vocab, generator=generator).to(torch.float64)
         p = torch.softmax(-1.5 * ranks, dim=-1)
-        q = _dirichlet(vocab, 2.0, generator)
+        q = dirichlet(vocab, 2.0, generator)
     else:
-        p = _dirichlet(vocab, concentration, generator)
-        q = (1.0 - noise) * p + noise * _dirichlet(vocab, 1.0, generator)
+        p = dirichlet(vocab, concentration, generator)
+        q = (1.0 - noise) * p + noise * dirichlet(vocab, 1.0, generator)
     return Pair(p, q, _labels(vocab), PRESETS[preset])

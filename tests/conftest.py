@@ -11,19 +11,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def dirichlet(vocab: int, concentration: float, generator: torch.Generator) -> torch.Tensor:
-    """A Dirichlet(concentration) law over ``vocab`` tokens, in float64."""
-    gamma = torch._standard_gamma(torch.full((vocab,), concentration, dtype=torch.float64), generator=generator)
-    gamma = gamma.clamp(min=1e-300)
-    return gamma / gamma.sum()
-
-
-def truncate_top(law: torch.Tensor, keep: int) -> torch.Tensor:
-    """Zero all but the ``keep`` largest entries and renormalise (a truncated policy)."""
-    kept = torch.zeros_like(law)
-    top = torch.topk(law, keep).indices
-    kept[top] = law[top]
-    return kept / kept.sum()
+# Shared with the audit's battery and the Playground presets.
+from diagnostics.synthetic import dirichlet, keep_top as truncate_top  # noqa: E402
 
 
 def corner_pairs(vocab: int, count: int, seed: int) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
