@@ -37,7 +37,7 @@ def test_playground_opens_and_draws(browser, app_url: str) -> None:
     page.screenshot(path=str(ARTIFACTS / "playground.png"))
 
     # Switching the rule redraws with lenience's ceiling in the legend.
-    page.get_by_label("Verification rule").click()
+    page.get_by_label("Verification rule", exact=True).click()
     page.get_by_role("option", name="lenience").first.click()
     page.get_by_text("ceiling p/l").first.wait_for(timeout=30_000)
 

@@ -82,7 +82,7 @@ def test_run_page_streams_tokens_and_keeps_script_inert(setup, browser) -> None:
     page = browser.new_page(viewport={"width": 1400, "height": 1200})
     page.goto(setup["url"])
     page.get_by_role("heading", name="Run").first.wait_for(timeout=30_000)
-    page.get_by_label("Prompt").fill(SCRIPT_PROMPT)
+    page.get_by_role("textbox", name="Prompt", exact=True).fill(SCRIPT_PROMPT)
     page.get_by_text("Raw prompt (no chat template)").click()
     page.get_by_label("Draft", exact=True).click()
     page.get_by_role("option", name="ngram").click()
