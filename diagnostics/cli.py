@@ -164,8 +164,6 @@ def _prepare(args: argparse.Namespace, rules: list[str]):
     requests = [_request(args, rule) for rule in rules]
     for request in requests:
         request.validate()
-        if not request.prompt.strip():
-            raise ValueError("the prompt is empty; type some text")
     if args.draft is None:
         if args.target != "default":
             raise ValueError("pass --draft (model:ID_OR_PATH, early-exit:LAYER, ngram:N) or --draft none for plain decoding")

@@ -98,8 +98,7 @@ def position_view(run: dict[str, Any], record: dict[str, Any], target: LoadedMod
             p_target, q_draft = exact_laws(run, record, target)
             if q_draft is None:
                 q_draft = p_target  # bonus position: no draft was verified; P is the bonus law
-            labels = [decode(token) if decode else str(token) for token in range(p_target.numel())] if p_target.numel() <= 64 else None
-            view = explain_step(rule, p_target, q_draft, labels or _lazy_labels(p_target.numel(), decode))
+            view = explain_step(rule, p_target, q_draft, _lazy_labels(p_target.numel(), decode))
             return PositionView(view, True, "exact: p and q recomputed by forward passes on the committed prefix")
         except (ModelError, OSError, ValueError) as error:
             note = f"models not available here ({error}); rebuilt from the stored top-k"

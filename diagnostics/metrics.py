@@ -78,3 +78,10 @@ def acceptance_rate(accepted: int, drafted: int) -> float:
 def block_efficiency(emitted: int, target_passes: int) -> float:
     """Emitted tokens per target forward pass (plain decoding gives 1.0)."""
     return emitted / target_passes if target_passes else float("nan")
+
+
+def log_likelihood(p_tokens) -> float:
+    """``Σ_t log p_t(y_t)`` of an output under the target's policy law; ``p = 0`` counts as ``log 1e-300``
+    so that one impossible token (possible under CoS) shows as a very large finite penalty."""
+    values = torch.as_tensor(list(p_tokens), dtype=torch.float64)
+    return float(torch.log(values.clamp(min=1e-300)).sum()) if values.numel() else float("nan")

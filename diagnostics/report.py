@@ -16,6 +16,7 @@ from plotly.offline import get_plotlyjs
 
 from diagnostics import __version__
 from diagnostics.charts import token_strip_html, tracks_figure
+from diagnostics.metrics import log_likelihood
 from diagnostics.store import Store, StoreError
 
 SUMMARY_FIELDS = [
@@ -60,7 +61,7 @@ def build_report(store: Store, run_ids: list[str]) -> str:
         if run is None:
             raise StoreError(f"there is no run {run_id!r} in {store.path}")
         positions = store.positions(run_id)
-        run["log_likelihood"] = float(positions["p_token"].clip(lower=1e-300).map(__import__("math").log).sum()) if len(positions) else None
+        run["log_likelihood"] = log_likelihood(positions["p_token"]) if len(positions) else None
         runs.append((run, positions))
     first = runs[0][0]
     sections = []

@@ -48,7 +48,10 @@ class RunRequest:
     top_k_record: int = 20
 
     def validate(self) -> None:
-        get_rule(self.rule)  # a bad spec fails before any model work
+        """Cheap checks before any model work: a known rule spec and a non-empty prompt."""
+        get_rule(self.rule)
+        if not self.prompt or not self.prompt.strip():
+            raise EngineError("the prompt is empty; type some text")
 
 
 def run_fields(request: RunRequest, target: LoadedModel, prompt_ids: list[int], group_id: str | None = None) -> dict[str, Any]:

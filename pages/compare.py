@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import math
-
 import pandas as pd
 import streamlit as st
 
 from diagnostics.charts import token_strip_html
 from diagnostics.engine import EngineError
+from diagnostics.metrics import log_likelihood
 from diagnostics.models import ModelError, load_draft
 from diagnostics.rules import RuleError
 from diagnostics.runner import RunRequest, compare_rules
@@ -55,7 +54,7 @@ strips = []
 for member in members.itertuples():
     positions = store.positions(member.run_id)
     divergence = None if pd.isna(member.divergence_position) else int(member.divergence_position)
-    loglik = float(positions["p_token"].clip(lower=1e-300).map(math.log).sum()) if len(positions) else float("nan")
+    loglik = log_likelihood(positions["p_token"])
     rows.append({"rule": member.rule, "run": member.run_id, "first divergence": divergence, "tokens": member.n_tokens,
                  "acceptance rate": member.acceptance_rate, "block efficiency": member.block_efficiency,
                  "tokens/s": member.tokens_per_s, "mean TV(P, p)": member.mean_tv_target, "max TV(P, p)": member.max_tv_target,

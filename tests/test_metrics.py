@@ -55,3 +55,11 @@ def test_acceptance_and_block_efficiency(toy_pair) -> None:
     assert expected_block_efficiency(0.0, 3).item() == 1.0
     assert acceptance_rate(3, 4) == 0.75 and math.isnan(acceptance_rate(0, 0))
     assert block_efficiency(10, 4) == 2.5
+
+
+def test_log_likelihood() -> None:
+    from diagnostics.metrics import log_likelihood
+
+    assert log_likelihood([0.5, 0.25]) == pytest.approx(math.log(0.125))
+    assert log_likelihood([1.0, 0.0]) == pytest.approx(math.log(1e-300))
+    assert math.isnan(log_likelihood([]))
