@@ -49,20 +49,43 @@ def build_parser() -> argparse.ArgumentParser:
     compare = commands.add_parser("compare", help="coupled runs (same seed and uniforms), one per rule")
     _add_generation_options(compare)
     compare.add_argument("--rules", required=True, help="comma-separated specs; ';' separates specs with commas, e.g. 'lossless;medusa:0.09,0.3'")
-    report = commands.add_parser("report", help="one self-contained HTML file for runs (a run or a compared group)")
-    report.add_argument("run_ids", nargs="+", metavar="RUN_ID")
+    report = commands.add_parser("report", help="one self-contained HTML file for runs (a run or a compared group) and audits")
+    report.add_argument("run_ids", nargs="*", metavar="RUN_ID", help="runs to include (their stored audits come with them)")
+    report.add_argument("--audit", action="append", default=[], metavar="AUDIT_ID", help="a stored audit to include (repeatable)")
     report.add_argument("--db", default=None, help="DuckDB file (default $SPECLAB_DB or data/runs.duckdb)")
     report.add_argument("-o", "--output", required=True, help="the HTML file to write")
-    audit = commands.add_parser("audit", help="rule-level losslessness audit of a rule or of transformers' _speculative_sampling")
-    audit.add_argument("--rule", default=None, help="audit our rule SPEC (default lossless)")
-    audit.add_argument("--implementation", choices=["ours", "transformers", *sorted(_mutant_names())], default="ours",
-                       help="what to audit: our rules, transformers' _speculative_sampling, or a planted bug")
+    audit = commands.add_parser(
+        "audit", help="losslessness audit: a verification rule, a whole generator (--engine), a recorded run (--run), or all (--all)",
+        description="Rule level (default): one verification step on a battery of (p, q) pairs. Engine level (--engine NAME): "
+                    "seeded generations tested against the target's law by teacher forcing. Recorded (--run ID): replay a stored run. "
+                    "--all: every implementation and planted bug at its layer. Prints JSON verdicts with their evidence.")
+    audit.add_argument("--implementation", default="ours", metavar="NAME",
+                       help="rule level: ours, transformers (its _speculative_sampling) or a planted bug: " + ", ".join(_mutant_names("rule")))
+    audit.add_argument("--rule", default=None, help="with --implementation ours: audit our rule SPEC (default lossless)")
     audit.add_argument("--declared", default=None, help="test against this lossy rule's exact law instead of p")
-    audit.add_argument("--samples", type=int, default=60_000, help="verification steps per (p, q) pair")
-    audit.add_argument("--level", type=float, default=0.01, help="family-wise false-alarm rate")
+    audit.add_argument("--samples", type=int, default=60_000, help="rule level: verification steps per (p, q) pair (default 60000)")
+    audit.add_argument("--real-positions", type=int, default=0, metavar="K",
+                       help="rule level: add K real positions of --target (full-vocabulary p and its early-exit q) to the battery")
+    audit.add_argument("--engine", default=None, metavar="NAME",
+                       help="engine level: ours, transformers (generate with assistant_model, do_sample=True) or a planted bug: "
+                            + ", ".join(_mutant_names("engine")))
+    audit.add_argument("--target", default="tiny",
+                       help="engine level / real positions: 'tiny' (random 12-token Llamas built here, fast), 'default' (embedded model) or a path/hub id")
+    audit.add_argument("--early-exit", type=int, default=None, metavar="LAYER",
+                       help="draft (and transformers' assistant) for a real target: its first LAYER layers (default 16)")
+    audit.add_argument("--prompt", default=None, help="prompt for a real target (chat template applied)")
+    audit.add_argument("--generations", type=int, default=None, help="engine level: seeded generations (default 800 tiny, 40 real)")
+    audit.add_argument("--max-new-tokens", type=int, default=None, help="engine level: tokens per generation (default 12 tiny, 16 real)")
+    audit.add_argument("--gamma", type=int, default=3, help="engine level: draft tokens per block")
+    audit.add_argument("--temperature", type=float, default=None, help="engine level: the policy (default 1)")
+    audit.add_argument("--top-k", type=int, default=None)
+    audit.add_argument("--top-p", type=float, default=None)
+    audit.add_argument("--level", type=float, default=0.01, help="family-wise false-alarm rate of a correct implementation (default 0.01)")
     audit.add_argument("--seed", type=int, default=0)
     audit.add_argument("--run", default=None, help="audit a recorded run instead: replay every decision (with --db)")
-    audit.add_argument("--db", default=None, help="DuckDB file of the run (default $SPECLAB_DB or data/runs.duckdb)")
+    audit.add_argument("--all", action="store_true", help="every implementation and planted bug at its layer; prints a table on stderr")
+    audit.add_argument("--save", action="store_true", help="store the audit(s) in the database (shown on the Audit page and in reports)")
+    audit.add_argument("--db", default=None, help="DuckDB file (default $SPECLAB_DB or data/runs.duckdb)")
     bench = commands.add_parser("bench", help="speed ratios against plain decoding and transformers generate, in one run")
     bench.add_argument("--max-new-tokens", type=int, default=48)
     bench.add_argument("--repeat", type=int, default=2)
@@ -70,10 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _mutant_names() -> list[str]:
-    from diagnostics.audit import RULE_MUTANTS
+def _mutant_names(layer: str) -> list[str]:
+    from diagnostics.audit import ENGINE_MUTANTS, RULE_MUTANTS
 
-    return list(RULE_MUTANTS)
+    return list(RULE_MUTANTS if layer == "rule" else ENGINE_MUTANTS)
 
 
 def split_rules(text: str) -> list[str]:
@@ -221,43 +244,118 @@ def _command_report(args: argparse.Namespace) -> int:
     from diagnostics.store import Store
 
     store = Store(args.db, read_only=True)
-    text = build_report(store, args.run_ids)
+    text = build_report(store, args.run_ids, args.audit)
     Path(args.output).write_text(text, encoding="utf-8")
-    print(json.dumps({"report": str(Path(args.output).resolve()), "runs": args.run_ids, "bytes": len(text.encode())}))
+    print(json.dumps({"report": str(Path(args.output).resolve()), "runs": args.run_ids, "audits": args.audit,
+                      "bytes": len(text.encode())}))
     return 0
 
 
 def _command_audit(args: argparse.Namespace) -> int:
-    from diagnostics.audit import RULE_MUTANTS, audit_recorded_run, audit_rule, battery, rule_adapter, transformers_adapter
+    from diagnostics.audit.reporting import json_safe, summary_line
+    from diagnostics.audit.suite import AuditError
 
+    if sum(bool(value) for value in (args.run, args.engine, args.all)) > 1:
+        raise AuditError("choose one of --run, --engine and --all")
     if args.run:
-        from diagnostics.inspection import target_spec
-        from diagnostics.models import ModelError, load_model
+        results = [_audit_recorded(args)]
+    elif args.engine:
+        results = [_audit_engine(args, args.engine)]
+    elif args.all:
+        results = _audit_all(args)
+    else:
+        results = [_audit_rule(args, args.implementation)]
+    if args.save:
         from diagnostics.store import Store
 
-        store = Store(args.db, read_only=True)
-        run = store.get_run(args.run)
-        if run is None:
-            raise ValueError(f"there is no run {args.run!r} in {store.path}")
-        try:
-            target = load_model(target_spec(run), local_only=True)
-        except ModelError:
-            target = None  # replay and flags only; say so in the output
-        result = audit_recorded_run(store, args.run, target)
-        payload = result.as_dict()
-        payload["p_recomputed"] = target is not None
-        print(json.dumps(payload))
-        return 0
-    if args.implementation == "ours":
-        verify, name = rule_adapter(args.rule or "lossless"), f"ours:{args.rule or 'lossless'}"
-    elif args.implementation == "transformers":
-        verify, name = transformers_adapter(), "transformers._speculative_sampling"
-    else:
-        verify, name = RULE_MUTANTS[args.implementation][1], f"planted:{args.implementation}"
-    result = audit_rule(verify, battery(seed=args.seed), n=args.samples, level=args.level, declared=args.declared,
-                        seed=args.seed, implementation=name)
-    print(json.dumps(result.as_dict()))
+        store = Store(args.db)
+        for result in results:
+            result["audit_id"] = store.add_audit(result, summary_line(result))
+    for result in results:
+        print(json.dumps(json_safe(result), ensure_ascii=False))
+    if args.all:
+        for result in results:
+            print(summary_line(result), file=sys.stderr)
     return 0
+
+
+def _policy(args: argparse.Namespace):
+    from diagnostics.policy import Policy
+
+    if args.temperature is None and args.top_k is None and args.top_p is None:
+        return None  # each implementation's default (the truncation bug needs top-k to show)
+    return Policy(temperature=1.0 if args.temperature is None else args.temperature, top_k=args.top_k, top_p=args.top_p)
+
+
+def _setup(args: argparse.Namespace):
+    from diagnostics.audit.suite import DEFAULT_EARLY_EXIT_LAYER, DEFAULT_PROMPT, TINY, model_setup, tiny_setup
+
+    if args.target == TINY:
+        return tiny_setup()
+    return model_setup(args.target, layer=args.early_exit or DEFAULT_EARLY_EXIT_LAYER, prompt=args.prompt or DEFAULT_PROMPT)
+
+
+def _progress(label: str, enabled: bool = True):
+    if not enabled or not sys.stderr.isatty():
+        return None
+
+    def report(done: int, total: int) -> None:
+        print(f"\r{label}: generation {done}/{total}", end="" if done < total else "\n", file=sys.stderr, flush=True)
+
+    return report
+
+
+def _audit_engine(args: argparse.Namespace, implementation: str, setup=None) -> dict:
+    from diagnostics.audit.suite import TINY, run_engine_audit
+
+    setup = setup or _setup(args)
+    tiny = args.target == TINY
+    result = run_engine_audit(
+        implementation, setup, generations=args.generations or (800 if tiny else 40),
+        max_new_tokens=args.max_new_tokens or (12 if tiny else 16), gamma=args.gamma, policy=_policy(args),
+        level=args.level, first_seed=args.seed, progress=_progress(implementation),
+    )
+    return result.as_dict()
+
+
+def _audit_rule(args: argparse.Namespace, implementation: str, real_pairs: list | None = None) -> dict:
+    from diagnostics.audit.suite import real_positions, run_rule_audit
+
+    if real_pairs is None and args.real_positions:
+        real_pairs = real_positions(_setup(args), args.real_positions)
+    result = run_rule_audit(implementation, rule=args.rule, samples=args.samples, level=args.level,
+                            declared=args.declared, seed=args.seed, real_pairs=real_pairs)
+    return result.as_dict()
+
+
+def _audit_all(args: argparse.Namespace) -> list[dict]:
+    """Our implementation, transformers', and every planted bug, each at its layer."""
+    from diagnostics.audit.suite import ENGINE_IMPLEMENTATIONS, RULE_IMPLEMENTATIONS, real_positions
+
+    setup = _setup(args)
+    real_pairs = real_positions(setup, args.real_positions) if args.real_positions else None
+    results = [_audit_rule(args, name, real_pairs) for name in RULE_IMPLEMENTATIONS]
+    results += [_audit_engine(args, name, setup) for name in ENGINE_IMPLEMENTATIONS]
+    return results
+
+
+def _audit_recorded(args: argparse.Namespace) -> dict:
+    from diagnostics.audit import audit_recorded_run
+    from diagnostics.inspection import target_spec
+    from diagnostics.models import ModelError, load_model
+    from diagnostics.store import Store
+
+    store = Store(args.db, read_only=True)
+    run = store.get_run(args.run)
+    if run is None:
+        raise ValueError(f"there is no run {args.run!r} in {store.path}")
+    try:
+        target = load_model(target_spec(run), local_only=True)
+    except ModelError:
+        target = None  # replay and flags only; said in the output
+    payload = audit_recorded_run(store, args.run, target).as_dict()
+    payload["p_recomputed"] = target is not None
+    return payload
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,6 +35,36 @@ class EngineError(ValueError):
     """Bad generation settings; the message says what to change."""
 
 
+def target_laws(logits: torch.Tensor, policy: Policy, drafted: int) -> torch.Tensor:
+    """``p`` for the ``drafted`` verified positions and the bonus position: the policy on every row.
+
+    ``drafted`` is unused here; it is in the signature so an audit's planted bug can treat the
+    verified rows differently from the bonus row (see ``EngineSeams``).
+    """
+    return probabilities(logits, policy)
+
+
+def fallback_law(rule: Rule, p_laws: torch.Tensor, q_laws: torch.Tensor, index: int) -> torch.Tensor:
+    """The law the token is drawn from after rejecting the draft at block index ``index``: ``f(p_i, q_i)``."""
+    return rule.fallback(p_laws[index], q_laws[index])
+
+
+@dataclass(frozen=True)
+class EngineSeams:
+    """The three steps of the loop a losslessness audit may replace with a planted bug.
+
+    The defaults are the correct steps; ``diagnostics.audit.mutants`` builds wrong ones. Passed
+    explicitly (never patched globally) so a planted engine cannot leak into another run.
+    """
+
+    target_laws: Callable[[torch.Tensor, Policy, int], torch.Tensor] = target_laws
+    fallback_law: Callable[[Rule, torch.Tensor, torch.Tensor, int], torch.Tensor] = fallback_law
+    scorer: type = TargetScorer
+
+
+CORRECT = EngineSeams()
+
+
 @dataclass
 class PositionRecord:
     """Everything a diagnosis needs about one emitted position.
@@ -209,13 +239,15 @@ def generate(
     top_k_record: int = 20,
     on_record: Callable[[PositionRecord], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    seams: EngineSeams = CORRECT,
 ) -> Run:
     """Generate with speculative decoding under ``rule`` (or plain decoding when ``draft`` is ``None``).
 
     ``q`` is always the law the draft token was drawn from (the draft policy, by default the
     target's); ``p`` is the target's law after its policy. Returns a ``Run``; each record is
     also passed to ``on_record`` as soon as its block is verified. ``should_stop`` is polled
-    between blocks: when it returns true the run ends with status ``interrupted``.
+    between blocks: when it returns true the run ends with status ``interrupted``. ``seams`` is
+    for audits only (planted bugs); leave it at the default.
     """
     loaded = wrap_model(target) if not isinstance(target, LoadedModel) else target
     verify_rule = get_rule(rule)
@@ -226,7 +258,7 @@ def generate(
     drafter = make_drafter(draft, loaded, draft_policy)
     vocab = loaded.vocab_size
     eos = _eos_ids(loaded, eos_token_id)
-    scorer = TargetScorer(loaded)
+    scorer = seams.scorer(loaded)
     run = Run(tokens=[], records=[], prompt_ids=prompt, rule=verify_rule.spec,
               draft=getattr(drafter, "name", None), gamma=gamma if drafter else 0, seed=int(seed),
               policy=policy, draft_policy=draft_policy)
@@ -245,10 +277,10 @@ def generate(
 
         drafts, q_laws = drafter.propose(committed, count, draw, vocab, eos) if count else ([], None)
         logits = fit_vocabulary(scorer.score(committed, drafts), vocab)
-        p_laws = probabilities(logits, policy)
+        p_laws = seams.target_laws(logits, policy, len(drafts))
         emitted, accepted, finished = _verify_block(
             run, verify_rule, drafts, p_laws, q_laws, position, int(seed), eos, budget,
-            record, top_k_record, loaded.tokenizer, on_record,
+            record, top_k_record, loaded.tokenizer, on_record, seams.fallback_law,
         )
         run.blocks += 1
         run.drafted += len(drafts)
@@ -282,6 +314,7 @@ def _verify_block(
     top_k_record: int,
     tokenizer: Any,
     on_record: Callable[[PositionRecord], None] | None,
+    fallback_of: Callable[[Rule, torch.Tensor, torch.Tensor, int], torch.Tensor] = fallback_law,
 ) -> tuple[list[int], int, bool]:
     """Verify one block in order; return the emitted tokens, the accepted count, and whether EOS ended it."""
     count = len(drafts)
@@ -298,7 +331,7 @@ def _verify_block(
             coins.append((u_accept, None))
         else:
             u_fallback = uniform_scalar(seed, position + index, "fallback")
-            fallback = rule.fallback(p_laws[index], q_laws[index])
+            fallback = fallback_of(rule, p_laws, q_laws, index)
             emitted.append(int(sample_inverse_cdf(fallback, torch.tensor(u_fallback))))
             kinds.append("rejected")
             coins.append((u_accept, u_fallback))

@@ -15,7 +15,8 @@ import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
 from diagnostics import __version__
-from diagnostics.charts import token_strip_html, tracks_figure
+from diagnostics.audit.reporting import pair_rows, worst_position_rows
+from diagnostics.charts import audit_figure, token_strip_html, tracks_figure
 from diagnostics.metrics import log_likelihood
 from diagnostics.store import Store, StoreError
 
@@ -51,10 +52,40 @@ def _reproduce(run: dict[str, Any]) -> str:
             + (" --raw" if run.get("raw_prompt") else "") + " --prompt '…'")
 
 
-def build_report(store: Store, run_ids: list[str]) -> str:
-    """HTML text of the report for ``run_ids`` (one run, or a coupled group in order)."""
-    if not run_ids:
-        raise StoreError("give at least one run id")
+def _table(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return ""
+    header = "".join(f"<th>{html.escape(str(name))}</th>" for name in rows[0])
+    body = "".join("<tr>" + "".join(f"<td>{_number(value)}</td>" for value in row.values()) + "</tr>" for row in rows)
+    return f"<table><tr>{header}</tr>{body}</table>"
+
+
+def audit_section(audit: dict[str, Any], index: int) -> str:
+    """One stored audit (a ``Store.get_audit`` row): verdict, summary, chart and evidence tables."""
+    evidence = audit["evidence"]
+    verdict = str(audit["verdict"])
+    figure = audit_figure(evidence)
+    chart = pio.to_html(figure, include_plotlyjs=False, full_html=False, div_id=f"audit-{index}") if figure else ""
+    reasons = evidence.get("reasons") or [f"{flag['check']} at position {flag['position']}: {flag['detail']}" for flag in evidence.get("flags", [])[:10]]
+    return f"""
+<section class="audit">
+  <h3>{html.escape(str(audit['layer']))} audit · {html.escape(str(audit['implementation']))}
+      <span class="verdict {'fail' if verdict == 'fail' else 'pass'}">{html.escape(verdict.upper())}</span></h3>
+  <p class="meta">audit {html.escape(str(audit['audit_id']))} · {html.escape(str(audit['created']))}</p>
+  <p>{html.escape(str(audit['summary']))}</p>
+  {''.join(f'<p class="reason">{html.escape(str(reason))}</p>' for reason in reasons)}
+  {chart}
+  {_table(pair_rows(evidence)) if evidence.get('layer') == 'rule' else ''}
+  {_table(worst_position_rows(evidence))}
+</section>"""
+
+
+def build_report(store: Store, run_ids: list[str], audit_ids: list[str] | None = None) -> str:
+    """HTML text of the report for ``run_ids`` (one run, or a coupled group in order), with the
+    stored audits of those runs and the audits ``audit_ids``."""
+    audit_ids = list(audit_ids or [])
+    if not run_ids and not audit_ids:
+        raise StoreError("give at least one run id or audit id")
     runs = []
     for run_id in run_ids:
         run = store.get_run(run_id)
@@ -63,7 +94,13 @@ def build_report(store: Store, run_ids: list[str]) -> str:
         positions = store.positions(run_id)
         run["log_likelihood"] = log_likelihood(positions["p_token"]) if len(positions) else None
         runs.append((run, positions))
-    first = runs[0][0]
+    linked = store.list_audits(run_ids)["audit_id"].tolist() if run_ids else []
+    audits = []
+    for audit_id in dict.fromkeys(linked + audit_ids):
+        audit = store.get_audit(audit_id)
+        if audit is None:
+            raise StoreError(f"there is no audit {audit_id!r} in {store.path}")
+        audits.append(audit)
     sections = []
     for index, (run, positions) in enumerate(runs):
         records = positions.to_dict("records")
@@ -81,30 +118,39 @@ def build_report(store: Store, run_ids: list[str]) -> str:
   {figure_html}
   <p class="meta">Reproduce: <code>{html.escape(_reproduce(run))}</code></p>
 </section>""")
+    if audits:
+        sections.append('<section class="run"><h2>Losslessness audits</h2>'
+                        '<p class="meta">A correct implementation fails an audit with probability at most its level (1% by default).</p>'
+                        + "".join(audit_section(audit, index) for index, audit in enumerate(audits)) + "</section>")
     header_cells = "".join(f"<th title='{html.escape(help_)}'>{html.escape(name)}</th>" for name, _, help_ in SUMMARY_FIELDS)
     rows = "".join(
         f"<tr><td>{html.escape(run['rule'])}</td>" + "".join(f"<td>{_number(run.get(key))}</td>" for _, key, _ in SUMMARY_FIELDS) + "</tr>"
         for run, _ in runs
     )
+    summary = (f"""<h3>Prompt</h3><pre>{html.escape(runs[0][0]['prompt'] or '')}</pre>
+<h3>Summary</h3>
+<table><tr><th>rule</th>{header_cells}</tr>{rows}</table>
+<p class="meta">Definitions: hover a column title. TV(a, b) = ½ Σ |a − b|; P is the exact law each token was drawn from.</p>"""
+               if runs else "")
+    subject = f"target {runs[0][0]['target']}" if runs else f"{len(audits)} audit(s)"
+    title = ", ".join(run["rule"] for run, _ in runs) or "losslessness audits"
     created = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta http-equiv="Content-Security-Policy" content="default-src 'none'; script-src 'unsafe-inline' 'unsafe-eval'; style-src 'unsafe-inline'; img-src data:; font-src data:">
-<title>Speculative decoding report: {html.escape(', '.join(run['rule'] for run, _ in runs))}</title>
+<title>Speculative decoding report: {html.escape(title)}</title>
 <style>
  body {{ font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #1f2328; }}
  table {{ border-collapse: collapse; }} td, th {{ border: 1px solid #d0d7de; padding: 4px 8px; text-align: right; }}
  .meta {{ color: #57606a; font-size: 0.9em; }} section.run {{ border-top: 1px solid #d0d7de; margin-top: 2em; }}
  pre {{ white-space: pre-wrap; background: #f6f8fa; padding: 8px; }}
+ .verdict {{ padding: 2px 8px; border-radius: 4px; color: white; }} .verdict.pass {{ background: #1a7f37; }} .verdict.fail {{ background: #cf222e; }}
 </style>
 <script>{get_plotlyjs()}</script>
 </head><body>
 <h1>Speculative decoding verification report</h1>
-<p class="meta">spec-verify-lab {html.escape(__version__)} · written {created} · target {html.escape(str(first['target']))}</p>
-<h3>Prompt</h3><pre>{html.escape(first['prompt'] or '')}</pre>
-<h3>Summary</h3>
-<table><tr><th>rule</th>{header_cells}</tr>{rows}</table>
-<p class="meta">Definitions: hover a column title. TV(a, b) = ½ Σ |a − b|; P is the exact law each token was drawn from.</p>
+<p class="meta">spec-verify-lab {html.escape(__version__)} · written {created} · {html.escape(str(subject))}</p>
+{summary}
 {''.join(sections)}
 </body></html>
 """

@@ -2,6 +2,8 @@
 
 * ``runs``: one row per run (status ``running`` → ``complete`` / ``interrupted`` / ``failed``).
 * ``positions``: one row per emitted position, written in Arrow batches.
+* ``audits``: one row per losslessness audit (layer, implementation, verdict, and the whole
+  evidence as JSON), optionally tied to the run it audited (schema 2).
 * ``meta``: the schema version; older files are migrated, newer ones refused with a message.
 
 Connections are opened briefly and retried while another process holds the file's lock, so
@@ -29,9 +31,12 @@ import pandas as pd
 import pyarrow as pa
 
 from diagnostics import __version__
+from diagnostics.audit.reporting import json_safe
 from diagnostics.engine import PositionRecord
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Read-only opens accept files this old: newer schemas only added tables, read as empty.
+OLDEST_READABLE = 1
 DEFAULT_DB = Path(__file__).resolve().parents[1] / "data" / "runs.duckdb"
 LOCK_WAIT_S = 20.0
 STATUSES = ("running", "complete", "interrupted", "failed")
@@ -139,8 +144,30 @@ _ARROW_SCHEMA = pa.schema(
 )
 assert set(POSITION_COLUMNS) - {"run_id"} == {f.name for f in fields(PositionRecord)}
 
+AUDIT_COLUMNS: dict[str, str] = {
+    "audit_id": "VARCHAR PRIMARY KEY",
+    "created": "TIMESTAMP",
+    "layer": "VARCHAR",  # rule, engine or recorded
+    "implementation": "VARCHAR",
+    "verdict": "VARCHAR",  # pass or fail
+    "run_id": "VARCHAR",  # the audited run (recorded layer), else NULL
+    "summary": "VARCHAR",
+    "evidence": "VARCHAR",  # JSON: the audit's as_dict()
+    "software_version": "VARCHAR",
+}
+_CREATE_AUDITS = "CREATE TABLE IF NOT EXISTS audits (" + ", ".join(f"{name} {sql}" for name, sql in AUDIT_COLUMNS.items()) + ")"
+
 # Migrations from version N to N + 1, applied in order to older files.
-MIGRATIONS: dict[int, list[str]] = {}
+MIGRATIONS: dict[int, list[str]] = {1: [_CREATE_AUDITS]}
+
+
+def _json_default(value: Any) -> Any:
+    """JSON for what ``json`` does not know (numpy scalars, sets); infinities are written as null later."""
+    if hasattr(value, "item"):
+        return value.item()
+    if isinstance(value, (set, tuple)):
+        return list(value)
+    return str(value)
 
 
 def _now() -> datetime:
@@ -245,6 +272,7 @@ class Store:
                 + ", ".join(f"{name} {sql}" for name, sql in POSITION_COLUMNS.items())
                 + ", PRIMARY KEY (run_id, position))"
             )
+            con.execute(_CREATE_AUDITS)
             con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
 
     def _check_version(self) -> None:
@@ -256,7 +284,7 @@ class Store:
         version = int(row[0]) if row else 0
         if version > SCHEMA_VERSION:
             raise StoreError(f"{self.path} uses schema {version}, newer than this tool's {SCHEMA_VERSION}; upgrade the tool")
-        if version < SCHEMA_VERSION:
+        if version < OLDEST_READABLE:
             raise StoreError(
                 f"{self.path} uses schema {version}; open a copy without --read-only once to migrate it"
             )
@@ -347,6 +375,7 @@ class Store:
         with self.connect() as con:
             con.execute("BEGIN TRANSACTION")
             con.execute(f"DELETE FROM positions WHERE run_id IN ({marks})", run_ids)
+            con.execute(f"DELETE FROM audits WHERE run_id IN ({marks})", run_ids)
             removed = con.execute(f"DELETE FROM runs WHERE run_id IN ({marks}) RETURNING run_id", run_ids).fetchall()
             con.execute("COMMIT")
         return len(removed)
@@ -386,6 +415,48 @@ class Store:
         """One position with its top-k of ``p`` and ``q``."""
         return self._one("SELECT * FROM positions WHERE run_id = ? AND position = ?", [run_id, position])
 
+    # -- audits -------------------------------------------------------------------------------
+
+    def add_audit(self, evidence: dict[str, Any], summary: str, run_id: str | None = None) -> str:
+        """Store one audit (``evidence`` is its ``as_dict()``, with ``layer``, ``implementation``
+        or ``run_id``, and ``verdict``) and return its id."""
+        self._writable()
+        audit_id = uuid.uuid4().hex[:12]
+        implementation = evidence.get("implementation") or f"recorded run {evidence.get('run_id')}"
+        with self.connect() as con:
+            con.execute(
+                f"INSERT INTO audits ({', '.join(AUDIT_COLUMNS)}) VALUES ({', '.join('?' for _ in AUDIT_COLUMNS)})",
+                [audit_id, _now(), evidence.get("layer"), implementation, evidence.get("verdict"),
+                 run_id or evidence.get("run_id"), summary, json.dumps(json_safe(evidence), default=_json_default), __version__],
+            )
+        return audit_id
+
+    def _has_audits(self, con: duckdb.DuckDBPyConnection) -> bool:
+        # A read-only schema-1 file has no audits table: it simply has no audits.
+        return bool(con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'audits'").fetchone()[0])
+
+    def list_audits(self, run_ids: list[str] | None = None) -> pd.DataFrame:
+        """Audits, newest first (without the evidence JSON); only those of ``run_ids`` when given."""
+        columns = [name for name in AUDIT_COLUMNS if name != "evidence"]
+        with self.connect(read_only=self.read_only) as con:
+            if not self._has_audits(con):
+                return pd.DataFrame(columns=columns)
+            where, params = "", []
+            if run_ids is not None:
+                where = f"WHERE run_id IN ({', '.join('?' for _ in run_ids)})" if run_ids else "WHERE false"
+                params = list(run_ids)
+            return con.execute(f"SELECT {', '.join(columns)} FROM audits {where} ORDER BY created DESC", params).df()
+
+    def get_audit(self, audit_id: str) -> dict[str, Any] | None:
+        """One audit with its evidence parsed back from JSON, or ``None``."""
+        with self.connect(read_only=self.read_only) as con:
+            if not self._has_audits(con):
+                return None
+        row = self._one("SELECT * FROM audits WHERE audit_id = ?", [audit_id])
+        if row is not None:
+            row["evidence"] = json.loads(row["evidence"])
+        return row
+
     def group(self, group_id: str) -> pd.DataFrame:
         """The coupled runs of one comparison, in the order they were run."""
         with self.connect(read_only=self.read_only) as con:
@@ -422,7 +493,7 @@ class RunWriter:
 # -- sharing ---------------------------------------------------------------------------------
 
 def export_runs(store: Store, run_ids: list[str], path: str | Path, fmt: str = "duckdb") -> Path:
-    """Write the selected runs (and their positions) to one file another user can open read-only.
+    """Write the selected runs (their positions, and in ``duckdb`` their audits) to one file another user can open read-only.
 
     ``duckdb``: a database with this schema. ``parquet``: one table, each position row carrying
     its run's columns prefixed ``run.``; ``import_runs`` turns it back into a database.
@@ -436,6 +507,8 @@ def export_runs(store: Store, run_ids: list[str], path: str | Path, fmt: str = "
     with store.connect(read_only=True) as con:
         runs = con.sql(f"SELECT * FROM runs WHERE run_id IN ({marks})", params=run_ids).to_arrow_table()
         positions = con.sql(f"SELECT * FROM positions WHERE run_id IN ({marks}) ORDER BY run_id, position", params=run_ids).to_arrow_table()
+        audits = (con.sql(f"SELECT * FROM audits WHERE run_id IN ({marks})", params=run_ids).to_arrow_table()
+                  if store._has_audits(con) else None)
     if fmt == "duckdb":
         target = Store(path)
         with target.connect() as con:
@@ -443,6 +516,9 @@ def export_runs(store: Store, run_ids: list[str], path: str | Path, fmt: str = "
             con.register("incoming_positions", positions)
             con.execute("INSERT INTO runs SELECT * FROM incoming_runs")
             con.execute("INSERT INTO positions SELECT * FROM incoming_positions")
+            if audits is not None:  # the audits of the exported runs travel with them
+                con.register("incoming_audits", audits)
+                con.execute("INSERT INTO audits SELECT * FROM incoming_audits")
         return path
     if fmt == "parquet":
         import pyarrow.parquet as pq

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from diagnostics.drafters import CachedModel, TargetScorer
+from diagnostics.audit.mutants import StaleRollbackScorer
+from diagnostics.drafters import TargetScorer
 from diagnostics.engine import generate
 from diagnostics.policy import Policy, probabilities
 from tiny_models import tiny_lm
@@ -41,12 +42,8 @@ def models(setup: Setup):
     return target, draft
 
 
-def stale_rollback(self: CachedModel, length: int) -> None:
-    """Planted bug: rollback off by one, so the first refused draft's keys and values stay cached."""
-    length += 1
-    if length < self.cached:
-        self.cache.crop(length - self.cached)
-        self.cached = length
+# Planted bug: rollback off by one, so the first refused draft's keys and values stay cached.
+stale_rollback = StaleRollbackScorer.rollback
 
 
 def _plant(setup: Setup) -> None:

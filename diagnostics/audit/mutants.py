@@ -1,0 +1,114 @@
+"""Planted bugs: one per bug class of VERIFICATION.md, each to be caught by some audit layer.
+
+Rule level (one verification step; ``Verify`` adapters): residual by softmax, accept coin reused
+for the residual, greedy draft scored with its softmax, raw vs processed ``q``, temperature on
+one side only. Engine level (a whole generator; ``EngineSeams`` passed to ``generate``): KV-cache
+rollback off by one, residual from the wrong position, truncation dropped on the verified
+positions. The correct counterparts must pass the same audits (the negative controls of the
+audit itself).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from diagnostics.drafters import TargetScorer
+from diagnostics.engine import EngineSeams, fallback_law, target_laws
+from diagnostics.policy import Policy, probabilities
+from diagnostics.rng import sample_inverse_cdf
+from diagnostics.rules import Rule, normalise_or
+
+Verify = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Generator], torch.Tensor]
+
+
+# -- rule level --------------------------------------------------------------------------------
+
+
+def _lossless_step(p: torch.Tensor, q_verify: torch.Tensor, drafts: torch.Tensor, generator: torch.Generator,
+                   residual: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+                   reuse_coin: bool = False) -> torch.Tensor:
+    accept = torch.where(q_verify[drafts] > 0, (p[drafts] / q_verify[drafts]).clamp(max=1.0), torch.ones(()))
+    coins = torch.rand(drafts.shape, generator=generator, dtype=torch.float64)
+    law = residual(p, q_verify) if residual else normalise_or((p - q_verify).clamp(min=0.0), p)
+    second = coins if reuse_coin else torch.rand(drafts.shape, generator=generator, dtype=torch.float64)
+    fallback = sample_inverse_cdf(law, second)
+    return torch.where(coins < accept, drafts, fallback)
+
+
+def _softmax_residual(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    return _lossless_step(p, q, drafts, generator, residual=lambda a, b: torch.softmax(a - b, -1))
+
+
+def _reused_coin(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    return _lossless_step(p, q, drafts, generator, reuse_coin=True)
+
+
+def _greedy_draft_softmax_q(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    # The drafter proposes argmax q every time, but verification is told the draft law was q.
+    greedy = torch.full_like(drafts, int(q.argmax()))
+    return _lossless_step(p, q, greedy, generator)
+
+
+def _raw_q(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    # Drafts come from q; verification uses the draft's law before its policy (here: q flattened, as raw logits would be).
+    raw = normalise_or(q.sqrt(), q)
+    return _lossless_step(p, raw, drafts, generator)
+
+
+def _temperature_one_side(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    # The verifier sharpens p with T = 0.7 that the baseline policy does not apply.
+    hot = normalise_or(p ** (1 / 0.7), p)
+    return _lossless_step(hot, q, drafts, generator)
+
+
+RULE_MUTANTS: dict[str, tuple[str, Verify]] = {
+    "residual_softmax": ("residual taken as softmax(p − q) instead of norm((p − q)+)", _softmax_residual),
+    "coin_reused": ("the accept coin reused for the residual draw", _reused_coin),
+    "greedy_draft_softmax_q": ("greedy draft, but its softmax used as q", _greedy_draft_softmax_q),
+    "raw_q": ("q taken before the draft policy (raw) while drafts follow the processed q", _raw_q),
+    "temperature_one_side": ("temperature applied on one side only: the verifier's p is not the baseline's", _temperature_one_side),
+}
+
+
+# -- engine level ------------------------------------------------------------------------------
+
+
+class StaleRollbackScorer(TargetScorer):
+    """Rollback off by one: the first refused draft's keys and values stay in the target's cache."""
+
+    def rollback(self, length: int) -> None:
+        length += 1
+        if length < self.cached:
+            self.cache.crop(length - self.cached)
+            self.cached = length
+
+
+def _residual_next_position(rule: Rule, p_laws: torch.Tensor, q_laws: torch.Tensor, index: int) -> torch.Tensor:
+    # Off-by-one indexing: the residual pairs q_i with p_{i+1} (the row after the rejected one).
+    return rule.fallback(p_laws[index + 1], q_laws[index])
+
+
+def _untruncated_verification(logits: torch.Tensor, policy: Policy, drafted: int) -> torch.Tensor:
+    # The verified rows get temperature only (top-k, top-p, min-p, eta dropped); the bonus row is right.
+    laws = probabilities(logits, policy)
+    if drafted:
+        laws = laws.clone()
+        laws[:drafted] = probabilities(logits[:drafted], Policy(temperature=policy.temperature))
+    return laws
+
+
+ENGINE_MUTANTS: dict[str, tuple[str, EngineSeams]] = {
+    "rollback_off_by_one": ("KV-cache rollback off by one: the first refused draft stays cached",
+                            EngineSeams(scorer=StaleRollbackScorer)),
+    "residual_wrong_position": ("the residual after a rejection at block index i uses p of position i + 1",
+                                EngineSeams(fallback_law=_residual_next_position)),
+    "truncation_dropped": ("top-k / top-p applied to the bonus position only, not to the verified positions",
+                           EngineSeams(target_laws=_untruncated_verification)),
+}
+
+# The truncation mutant only differs from the correct engine under a truncating policy.
+ENGINE_MUTANT_POLICY: dict[str, dict] = {"truncation_dropped": {"top_k": 4}}
+
+__all__ = ["ENGINE_MUTANTS", "ENGINE_MUTANT_POLICY", "RULE_MUTANTS", "StaleRollbackScorer", "fallback_law", "target_laws"]

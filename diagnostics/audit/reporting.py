@@ -1,0 +1,64 @@
+"""Audit results as plain data: a one-line summary, JSON-safe values, and tables for pages and reports."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def json_safe(value: Any) -> Any:
+    """The same structure with infinities and NaN as ``None`` (strict JSON) and tuples as lists."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(key): json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(item) for item in value]
+    return value
+
+
+def _number(value: Any, fmt: str = ".3g") -> str:
+    return "n/a" if value is None else format(value, fmt)
+
+
+def summary_line(result: dict[str, Any]) -> str:
+    """One line: layer, what was audited, the verdict, and the evidence that decided it."""
+    layer, verdict = result.get("layer"), str(result.get("verdict", "?")).upper()
+    if layer == "rule":
+        worst = min(result["pairs"], key=lambda pair: pair["adjusted_p"] if pair["adjusted_p"] is not None else 0.0)
+        return (f"rule · {result['implementation']} vs {result['reference']} · {verdict} · worst pair '{worst['label']}': "
+                f"adjusted p = {_number(worst['adjusted_p'])}, observed TV = {_number(worst['observed_tv'], '.4f')} · "
+                f"{result['n_per_pair']:,} steps × {len(result['pairs'])} pairs · detects TV ≥ {_number(result['max_detectable_tv'], '.3f')}")
+    if layer == "engine":
+        reasons = "; ".join(result.get("reasons") or []) or "PIT uniform at every tested position"
+        return (f"engine · {result['implementation']} · {verdict} · {result['tokens']:,} tokens from {result['generations']} "
+                f"generations · pooled PIT p = {_number(result['p_value'])} · detects PIT-law TV ≥ {_number(result['detectable_tv'], '.3f')} · {reasons}")
+    if layer == "recorded":
+        difference = result.get("max_p_difference")
+        return (f"recorded · run {result['run_id']} · {verdict} · {result['positions']} positions · {len(result['flags'])} flags · "
+                f"acceptance z = {_number(result.get('acceptance_z'), '.2f')} · max |p recorded − p recomputed| = "
+                f"{_number(difference, '.2g') if difference is not None else 'not recomputed (model not available locally)'}")
+    return f"{layer} · {verdict}"
+
+
+def pair_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Rule level: one row per pair, worst (smallest adjusted p) first."""
+    rows = [{"pair": pair["label"], "χ²": pair["statistic"], "dof": pair["dof"], "p": pair["p_value"],
+             "Holm-adjusted p": pair["adjusted_p"], "observed TV": pair["observed_tv"],
+             "detectable TV": pair["detectable_tv"], "pooled mass": pair.get("pooled_mass", 0.0),
+             "impossible": pair["impossible"]} for pair in result["pairs"]]
+    return sorted(rows, key=lambda row: row["Holm-adjusted p"] if row["Holm-adjusted p"] is not None else 0.0)
+
+
+def worst_position_rows(result: dict[str, Any], limit: int = 10) -> list[dict[str, Any]]:
+    """Engine level: output positions by Holm-adjusted p; recorded: flags first, then largest |Δp|."""
+    if result.get("layer") == "engine":
+        rows = [{"output position": item["position"], "tokens": item["tokens"], "χ²": item["statistic"],
+                 "p": item["p_value"], "Holm-adjusted p": item["adjusted_p"]} for item in result.get("positions", [])]
+        return sorted(rows, key=lambda row: row["Holm-adjusted p"])[:limit]
+    if result.get("layer") == "recorded":
+        flagged = [{"position": flag["position"], "check": flag["check"], "detail": flag["detail"]} for flag in result.get("flags", [])]
+        rest = [{"position": item["position"], "check": "largest |p recorded − p recomputed|",
+                 "detail": f"{item['kind']} token {item['token']}: {item['p_difference']:.3g}"} for item in result.get("worst_positions", [])]
+        return (flagged + rest)[:limit]
+    return []

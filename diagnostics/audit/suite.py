@@ -1,0 +1,133 @@
+"""Named audits, ready to run: what ``python -m diagnostics audit`` and the Audit page call.
+
+Rule level: ``ours[:SPEC]``, ``transformers`` (its ``_speculative_sampling``) or a rule-level
+planted bug, on the battery (plus real positions of a model when asked). Engine level:
+``ours``, ``transformers`` (``generate`` with ``assistant_model``, ``do_sample=True``) or an
+engine-level planted bug, on a target/draft pair: ``tiny`` (random 2-layer Llamas built locally,
+thousands of generations in seconds) or a real model with an early-exit draft (the embedded
+default: ``default``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from diagnostics.audit.engine_level import EngineAudit, audit_generator, engine_generator, transformers_generator
+from diagnostics.audit.mutants import ENGINE_MUTANT_POLICY, ENGINE_MUTANTS, RULE_MUTANTS
+from diagnostics.audit.rule_level import RuleAudit, audit_rule, battery, model_pairs, rule_adapter, transformers_adapter
+from diagnostics.policy import Policy
+
+RULE_IMPLEMENTATIONS = ["ours", "transformers", *RULE_MUTANTS]
+ENGINE_IMPLEMENTATIONS = ["ours", "transformers", *ENGINE_MUTANTS]
+TINY = "tiny"
+DEFAULT_PROMPT = "Tell me a short story about a robot who learns to paint."
+DEFAULT_EARLY_EXIT_LAYER = 16
+
+
+class AuditError(ValueError):
+    """An audit cannot run as asked; the message says what to change."""
+
+
+def describe(implementation: str) -> str:
+    """One line on what an implementation name audits."""
+    if implementation == "ours":
+        return "this tool's verification (rule level) or engine (engine level)"
+    if implementation == "transformers":
+        return "Hugging Face transformers: _speculative_sampling (rule level), generate with assistant_model (engine level)"
+    if implementation in RULE_MUTANTS:
+        return f"planted bug (rule level): {RULE_MUTANTS[implementation][0]}"
+    if implementation in ENGINE_MUTANTS:
+        return f"planted bug (engine level): {ENGINE_MUTANTS[implementation][0]}"
+    raise AuditError(f"unknown implementation {implementation!r}; use one of {', '.join(dict.fromkeys(RULE_IMPLEMENTATIONS + ENGINE_IMPLEMENTATIONS))}")
+
+
+def run_rule_audit(implementation: str = "ours", rule: str | None = None, samples: int = 60_000, level: float = 0.01,
+                   declared: str | None = None, seed: int = 0, real_pairs: list | None = None) -> RuleAudit:
+    """The rule-level audit of a named implementation on the battery (and ``real_pairs``)."""
+    if samples < 100:
+        raise AuditError(f"--samples must be at least 100 per pair, got {samples}")
+    if not 0 < level < 1:
+        raise AuditError(f"--level must lie in (0, 1), got {level}")
+    if implementation == "ours":
+        verify, name = rule_adapter(rule or "lossless"), f"ours:{rule or 'lossless'}"
+    elif implementation == "transformers":
+        verify, name = transformers_adapter(), "transformers._speculative_sampling"
+    elif implementation in RULE_MUTANTS:
+        verify, name = RULE_MUTANTS[implementation][1], f"planted:{implementation}"
+    else:
+        describe(implementation)  # raises with the list of names
+        raise AuditError(f"{implementation!r} is an engine-level planted bug; audit it with --engine {implementation}")
+    return audit_rule(verify, battery(seed=seed, extra=real_pairs), n=samples, level=level, declared=declared,
+                      seed=seed, implementation=name)
+
+
+@dataclass
+class EngineSetup:
+    """A target, its draft (also transformers' assistant), a prompt and the stop tokens."""
+
+    target: object
+    draft: object
+    prompt_ids: list[int]
+    eos: set[int]
+    description: dict = field(default_factory=dict)
+
+
+def tiny_setup() -> EngineSetup:
+    """Two random 2-layer Llamas over 12 tokens (EOS = 11) and a 7-token prompt."""
+    from diagnostics.tiny import tiny_llama
+
+    target, draft = tiny_llama(0, vocab=12, sharpness=2.0), tiny_llama(1, vocab=12, sharpness=2.0)
+    return EngineSetup(target, draft, [1, 2, 3, 4, 1, 2, 3], {11},
+                       {"target": "tiny-llama-0 (random, 12 tokens)", "draft": "tiny-llama-1 (random)"})
+
+
+def model_setup(target_spec: str = "default", layer: int = DEFAULT_EARLY_EXIT_LAYER, prompt: str = DEFAULT_PROMPT,
+                local_only: bool = False) -> EngineSetup:
+    """A real target and its first ``layer`` layers as the draft (usable as transformers' assistant)."""
+    from diagnostics.engine import _eos_ids
+    from diagnostics.models import early_exit_model, load_model
+    from diagnostics.runner import encode_prompt
+
+    target = load_model(target_spec, local_only=local_only)
+    draft = early_exit_model(target, layer)
+    return EngineSetup(target, draft, encode_prompt(target, prompt), _eos_ids(target, None),
+                       {"target": target.name, "draft": draft.name, "prompt": prompt})
+
+
+def run_engine_audit(implementation: str, setup: EngineSetup, generations: int = 800, max_new_tokens: int = 12,
+                     gamma: int = 3, policy: Policy | None = None, level: float = 0.01, first_seed: int = 0,
+                     progress: Callable[[int, int], None] | None = None) -> EngineAudit:
+    """Seeded generations ``first_seed … first_seed + generations − 1`` of a named generator, audited."""
+    if generations < 1 or max_new_tokens < 1 or gamma < 1:
+        raise AuditError("--generations, --max-new-tokens and --gamma must all be at least 1")
+    if not 0 < level < 1:
+        raise AuditError(f"--level must lie in (0, 1), got {level}")
+    if implementation not in ENGINE_IMPLEMENTATIONS:
+        describe(implementation)
+        raise AuditError(f"{implementation!r} is a rule-level planted bug; audit it without --engine")
+    if policy is None:
+        policy = Policy(**ENGINE_MUTANT_POLICY.get(implementation, {}))
+    if implementation == "transformers":
+        generator = transformers_generator(setup.target, setup.draft, max_new_tokens, policy=policy,
+                                           num_assistant_tokens=gamma, num_assistant_tokens_schedule="constant")
+    else:
+        seams = ENGINE_MUTANTS[implementation][1] if implementation in ENGINE_MUTANTS else None
+        extra = {"seams": seams} if seams is not None else {}
+        generator = engine_generator(setup.target, setup.draft, max_new_tokens, policy=policy, gamma=gamma,
+                                     eos_token_id=sorted(setup.eos), **extra)
+    name = {"ours": "ours (lossless engine)", "transformers": "transformers generate(assistant_model, do_sample=True)"}.get(
+        implementation, f"planted:{implementation}")
+    settings = dict(setup.description, implementation=implementation, gamma=gamma, max_new_tokens=max_new_tokens,
+                    policy=policy.as_dict())
+    return audit_generator(generator, setup.target, setup.prompt_ids, range(first_seed, first_seed + generations),
+                           policy=policy, level=level, eos=setup.eos, implementation=name, settings=settings,
+                           progress=progress)
+
+
+def real_positions(setup: EngineSetup, count: int, max_new_tokens: int = 24, seed: int = 0) -> list:
+    """``count`` real ``(p, q)`` positions of ``setup``'s target and draft on one of our own generations."""
+    from diagnostics.engine import generate
+
+    tokens = generate(setup.target, None, setup.prompt_ids, max_new_tokens=max_new_tokens, seed=seed, record=False).tokens
+    return model_pairs(setup.target, setup.draft, setup.prompt_ids, tokens, count=count)
