@@ -15,15 +15,16 @@ inspect_page = st.Page("pages/inspect.py", title="Inspect", icon="🔍", url_pat
 compare_page = st.Page("pages/compare.py", title="Compare", icon="⚖️", url_path="compare")
 playground_page = st.Page("pages/playground.py", title="Playground", icon="🧪", url_path="playground")
 runs_page = st.Page("pages/runs.py", title="Runs", icon="🗂️", url_path="runs")
+audit_page = st.Page("pages/audit.py", title="Audit", icon="🛡️", url_path="audit")
 
 # Deep links are /?run=ID (the default page ignores its url_path), so the default page is
 # Inspect when a run is asked for, Run otherwise.
 if "run" in st.query_params:
     inspect_page = st.Page("pages/inspect.py", title="Inspect", icon="🔍", url_path="inspect", default=True)
-    pages = [inspect_page, run_page, compare_page, playground_page, runs_page]
+    pages = [inspect_page, run_page, compare_page, playground_page, audit_page, runs_page]
 else:
     run_page = st.Page("pages/run.py", title="Run", icon="▶️", url_path="run", default=True)
-    pages = [run_page, inspect_page, compare_page, playground_page, runs_page]
+    pages = [run_page, inspect_page, compare_page, playground_page, audit_page, runs_page]
 
 navigation = st.navigation(pages)
 st.sidebar.caption(f"spec-verify-lab {__version__} · runs in {st.session_state.get('shared_db') or default_db_path()}")

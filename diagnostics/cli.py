@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--target", default="tiny",
                        help="engine level / real positions: 'tiny' (random 12-token Llamas built here, fast), 'default' (embedded model) or a path/hub id")
     audit.add_argument("--early-exit", type=int, default=None, metavar="LAYER",
-                       help="draft (and transformers' assistant) for a real target: its first LAYER layers (default 16)")
+                       help="draft (and transformers' assistant) for a real target: its first LAYER layers (default 26)")
     audit.add_argument("--prompt", default=None, help="prompt for a real target (chat template applied)")
     audit.add_argument("--generations", type=int, default=None, help="engine level: seeded generations (default 800 tiny, 40 real)")
     audit.add_argument("--max-new-tokens", type=int, default=None, help="engine level: tokens per generation (default 12 tiny, 16 real)")
@@ -308,11 +308,15 @@ def _progress(label: str, enabled: bool = True):
 def _audit_engine(args: argparse.Namespace, implementation: str, setup=None) -> dict:
     from diagnostics.audit.suite import TINY, run_engine_audit
 
-    setup = setup or _setup(args)
     tiny = args.target == TINY
+    for name in ("generations", "max_new_tokens"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+    setup = setup or _setup(args)
     result = run_engine_audit(
-        implementation, setup, generations=args.generations or (800 if tiny else 40),
-        max_new_tokens=args.max_new_tokens or (12 if tiny else 16), gamma=args.gamma, policy=_policy(args),
+        implementation, setup, generations=(800 if tiny else 40) if args.generations is None else args.generations,
+        max_new_tokens=(12 if tiny else 16) if args.max_new_tokens is None else args.max_new_tokens,
+        gamma=args.gamma, policy=_policy(args),
         level=args.level, first_seed=args.seed, progress=_progress(implementation),
     )
     return result.as_dict()

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from diagnostics.engine import EngineError, PositionRecord, Run, generate
+from diagnostics.engine import CORRECT, EngineError, EngineSeams, PositionRecord, Run, generate
 from diagnostics.models import LoadedModel
 from diagnostics.policy import Policy
 from diagnostics.rules import get_rule
@@ -106,9 +106,10 @@ def record_run(
     group_id: str | None = None,
     on_record: Callable[[PositionRecord], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    seams: EngineSeams = CORRECT,
 ) -> tuple[str, Run | None]:
     """Generate and store one run. Ctrl-C or ``should_stop`` keeps what was recorded as ``interrupted``;
-    an error marks the run ``failed`` with its message and is raised again."""
+    an error marks the run ``failed`` with its message and is raised again. ``seams``: audits only."""
     request.validate()
     prompt_ids = encode_prompt(target, request.prompt, request.raw)
     writer = RunWriter(store, run_fields(request, target, prompt_ids, group_id))
@@ -127,7 +128,7 @@ def record_run(
             max_new_tokens=request.max_new_tokens, seed=request.seed, temperature=policy.temperature,
             top_k=policy.top_k, top_p=policy.top_p, min_p=policy.min_p, eta=policy.eta,
             draft_policy=request.draft_policy, top_k_record=request.top_k_record, on_record=keep,
-            should_stop=should_stop,
+            should_stop=should_stop, seams=seams,
         )
     except Exception as error:
         writer.finish("failed", error=f"{error.__class__.__name__}: {error}")

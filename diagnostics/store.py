@@ -433,7 +433,8 @@ class Store:
 
     def _has_audits(self, con: duckdb.DuckDBPyConnection) -> bool:
         # A read-only schema-1 file has no audits table: it simply has no audits.
-        return bool(con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'audits'").fetchone()[0])
+        rows = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'audits'").fetchall()
+        return bool(rows[0][0])
 
     def list_audits(self, run_ids: list[str] | None = None) -> pd.DataFrame:
         """Audits, newest first (without the evidence JSON); only those of ``run_ids`` when given."""

@@ -72,6 +72,40 @@ def test_audit_command_prints_a_verdict(capsys) -> None:
     assert planted["verdict"] == "fail" and planted["pairs"][0]["adjusted_p"] <= 1.0
 
 
+def test_audit_all_gives_every_verdict_and_stores_them(tmp_path, capsys) -> None:
+    """The whole table in one command: ours and transformers pass, every planted bug fails, at its layer."""
+    import json
+
+    from diagnostics.audit import ENGINE_MUTANTS, RULE_MUTANTS
+    from diagnostics.cli import main
+    from diagnostics.store import Store
+
+    db = tmp_path / "audits.duckdb"
+    assert main(["audit", "--all", "--samples", "20000", "--generations", "300", "--save", "--db", str(db)]) == 0
+    captured = capsys.readouterr()
+    results = [json.loads(line) for line in captured.out.splitlines()]
+    verdicts = {(result["layer"], result["implementation"]): result["verdict"] for result in results}
+    assert len(verdicts) == 2 + len(RULE_MUTANTS) + 2 + len(ENGINE_MUTANTS)
+    for (layer, name), verdict in verdicts.items():
+        planted = name.startswith("planted:")
+        assert verdict == ("fail" if planted else "pass"), (layer, name, verdict)
+    assert {name for layer, name in verdicts if layer == "engine"} >= {f"planted:{name}" for name in ENGINE_MUTANTS}
+    assert "engine · planted:rollback_off_by_one · FAIL" in captured.err  # the table on stderr
+    stored = Store(db, read_only=True).list_audits()
+    assert len(stored) == len(results) and set(stored["audit_id"]) == {result["audit_id"] for result in results}
+
+
+def test_audit_command_errors_are_one_line(capsys) -> None:
+    from diagnostics.cli import main
+
+    assert main(["audit", "--engine", "residual_softmax"]) == 2
+    assert "rule-level planted bug" in capsys.readouterr().err
+    assert main(["audit", "--implementation", "nope"]) == 2
+    assert "unknown implementation 'nope'" in capsys.readouterr().err
+    assert main(["audit", "--engine", "ours", "--generations", "0"]) == 2
+    assert main(["audit", "--engine", "ours", "--run", "x"]) == 2
+
+
 def _recorded(tmp_path, rule="lossless", planted=None, monkeypatch=None):
     from engine_sampling import stale_rollback
     from tiny_models import save_tiny_model
@@ -147,20 +181,50 @@ def tiny_pair():
     return tiny_llama(0, vocab=12, sharpness=2.0), tiny_llama(1, vocab=12, sharpness=2.0)
 
 
-def test_engine_audit_passes_our_engine_and_catches_a_stale_cache(tiny_pair, monkeypatch) -> None:
-    from engine_sampling import stale_rollback
+@pytest.mark.parametrize("first_seed", [0, 10_000])
+def test_engine_audit_passes_our_engine_on_several_seed_ranges(first_seed: int) -> None:
+    from diagnostics.audit.suite import run_engine_audit, tiny_setup
 
-    from diagnostics.audit import audit_generator, engine_generator
-    from diagnostics.drafters import TargetScorer
+    result = run_engine_audit("ours", tiny_setup(), generations=800, first_seed=first_seed)
+    assert result.verdict == "pass" and result.errors == 0 and result.impossible == 0, result.reasons
+    assert result.positions and all(item.tokens >= 100 for item in result.positions)  # per-position tests ran
 
-    target, draft = tiny_pair
-    prompt = [1, 2, 3, 4, 1, 2, 3]
-    ours = audit_generator(engine_generator(target, draft, 12, gamma=3, eos_token_id=[]), target, prompt, ENGINE_SEEDS)
-    assert ours.verdict == "pass" and ours.tokens == 800 * 12 and ours.impossible == 0, ours
-    monkeypatch.setattr(TargetScorer, "rollback", stale_rollback)
-    planted = audit_generator(engine_generator(target, draft, 12, gamma=3, eos_token_id=[]), target, prompt, ENGINE_SEEDS)
-    # It fails on the pooled law of the generations that finished, not only because some crashed.
-    assert planted.verdict == "fail" and planted.p_value < 0.01, planted
+
+@pytest.mark.parametrize("name", ["rollback_off_by_one", "residual_wrong_position", "truncation_dropped"])
+def test_every_engine_level_mutant_is_caught(name: str) -> None:
+    from diagnostics.audit.suite import run_engine_audit, tiny_setup
+
+    result = run_engine_audit(name, tiny_setup(), generations=400)
+    assert result.verdict == "fail", result
+    if name == "truncation_dropped":
+        # Tokens outside the top-k that the baseline policy never emits.
+        assert result.impossible > 0
+    else:
+        # Caught by the law of the generations that finished, not only by crashes.
+        assert result.p_value < 1e-6 and result.worst_position_p < 1e-6
+
+
+def test_engine_level_mutants_are_also_caught_in_a_recorded_run(tmp_path) -> None:
+    """The recorded-run audit replays each decision against p recomputed independently."""
+    from tiny_models import save_tiny_model
+
+    from diagnostics.audit import ENGINE_MUTANTS, audit_recorded_run
+    from diagnostics.models import load_model
+    from diagnostics.policy import Policy
+    from diagnostics.runner import RunRequest, record_run
+    from diagnostics.store import Store
+
+    target = load_model(save_tiny_model(tmp_path / "tiny", seed=0))
+    draft = load_model(save_tiny_model(tmp_path / "draft", seed=1))
+    store = Store(tmp_path / "runs.duckdb")
+    request = RunRequest(prompt="w1 w2 w3 w4", draft=f"model:{draft.name}", gamma=3, max_new_tokens=40, seed=5, raw=True,
+                         policy=Policy(top_k=4))
+    run_id, _ = record_run(store, target, draft, request)
+    assert audit_recorded_run(store, run_id, target).verdict == "pass"  # the control
+    for name in ("residual_wrong_position", "truncation_dropped"):
+        run_id, _ = record_run(store, target, draft, request, seams=ENGINE_MUTANTS[name][1])
+        result = audit_recorded_run(store, run_id, target)
+        assert result.verdict == "fail", (name, result.flags)
 
 
 def test_engine_audit_of_transformers_assisted_generation(tiny_pair) -> None:
@@ -173,3 +237,30 @@ def test_engine_audit_of_transformers_assisted_generation(tiny_pair) -> None:
     result = audit_generator(generator, target, [1, 2, 3, 4, 1, 2, 3], ENGINE_SEEDS, eos={11})
     assert result.verdict == "pass" and result.impossible == 0, result
     assert result.tokens > 5000 and result.detectable_tv < 0.05
+
+
+def test_randomized_pit_is_uniform_exactly_under_p_and_not_otherwise() -> None:
+    """The engine-level statistic itself: uniform when tokens follow p (ties, zeros, one-hot included),
+    pushed toward 1 when they follow a flatter law and toward 0 for a sharper one."""
+    from scipy import stats
+
+    from diagnostics.audit import randomized_pit
+    from diagnostics.synthetic import dirichlet
+
+    generator = torch.Generator().manual_seed(3)
+    laws = [dirichlet(10, 0.5, generator) for _ in range(40)]
+    laws[0] = torch.tensor([0.25, 0.25, 0.25, 0.25, 0, 0, 0, 0, 0, 0], dtype=torch.float64)  # ties and zeros
+    laws[1] = torch.nn.functional.one_hot(torch.tensor(3), 10).to(torch.float64)
+
+    def pits(sampling_law) -> list[float]:
+        values = []
+        for law in laws:
+            tokens = torch.multinomial(sampling_law(law), 500, replacement=True, generator=generator)
+            values += [randomized_pit(law, int(token), generator) for token in tokens]
+        return values
+
+    assert stats.kstest(pits(lambda law: law), "uniform").pvalue > 0.01
+    flat = pits(lambda law: 0.8 * law + 0.2 * (law > 0) / (law > 0).sum())
+    sharp = pits(lambda law: law**2 / (law**2).sum())
+    assert stats.kstest(flat, "uniform").pvalue < 1e-6 and sum(flat) / len(flat) > 0.5
+    assert stats.kstest(sharp, "uniform").pvalue < 1e-6 and sum(sharp) / len(sharp) < 0.5

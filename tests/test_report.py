@@ -81,3 +81,31 @@ def test_import_refuses_a_foreign_file(tmp_path: Path) -> None:
     bogus.write_bytes(b"PAR1 nothing")
     with pytest.raises(StoreError, match="not a Parquet export"):
         import_runs(bogus, tmp_path / "x.duckdb")
+
+
+def test_report_carries_the_runs_audits_escaped(tmp_path: Path, capsys) -> None:
+    """A run's stored audits appear in its report; an audit alone makes a report too; untrusted text stays inert."""
+    from diagnostics.audit import audit_recorded_run, audit_rule, battery, rule_adapter
+    from diagnostics.audit.reporting import summary_line
+
+    target_folder = save_tiny_model(tmp_path / "tiny", seed=0)
+    store = Store(tmp_path / "runs.duckdb")
+    _, results, _ = compare_rules(store, load_model(target_folder), "ngram:2",
+                                  [RunRequest(prompt="w1 w2 w3 w1", draft="ngram:2", gamma=2, max_new_tokens=8, seed=1, raw=True)])
+    run_id = results[0][0]
+    recorded = audit_recorded_run(store, run_id, load_model(target_folder)).as_dict()
+    linked = store.add_audit(recorded, summary_line(recorded))
+    pairs = battery(seed=0)[:2]
+    pairs[0] = ("<img src=x onerror=alert(7)>", pairs[0][1], pairs[0][2])
+    rule = audit_rule(rule_adapter("lossless"), pairs, n=5_000, implementation="<script>alert(8)</script>").as_dict()
+    alone = store.add_audit(rule, summary_line(rule))
+    text = build_report(store, [run_id])
+    assert "Losslessness audits" in text and linked in text and alone not in text
+    text = build_report(store, [], [alone])
+    assert "onerror=alert(7)" not in text.replace("&lt;img src=x onerror=alert(7)&gt;", "")
+    assert "<script>alert(8)" not in text and "&lt;script&gt;alert(8)" in text
+    assert text.count("<script") == 2  # plotly.js and the audit's chart
+    out = tmp_path / "audit.html"
+    assert main(["report", "--audit", alone, "--db", str(store.path), "-o", str(out)]) == 0
+    assert json.loads(capsys.readouterr().out)["audits"] == [alone] and out.stat().st_size > 1_000_000
+    assert main(["report", "--audit", "nope", "--db", str(store.path), "-o", str(out)]) == 2

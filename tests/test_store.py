@@ -203,3 +203,24 @@ def test_read_only_store_cannot_write(tmp_path: Path) -> None:
     shared = Store(path, read_only=True)
     with pytest.raises(StoreError):
         shared.delete_runs([shared.list_runs().iloc[0]["run_id"]])
+
+
+def test_audits_round_trip_and_old_files_stay_readable(tmp_path) -> None:
+    """Schema 2 adds the audits table: a schema-1 file opens read-only (no audits) and migrates on a writable open."""
+    import duckdb
+
+    path = tmp_path / "runs.duckdb"
+    store = Store(path)
+    audit_id = store.add_audit({"layer": "rule", "implementation": "ours", "verdict": "pass", "statistic": float("inf"),
+                                "pairs": [{"label": "<script>x</script>"}]}, "summary", run_id=None)
+    row = store.get_audit(audit_id)
+    assert row["verdict"] == "pass" and row["evidence"]["statistic"] is None  # strict JSON: no Infinity
+    assert row["evidence"]["pairs"][0]["label"] == "<script>x</script>"
+    assert store.list_audits()["audit_id"].tolist() == [audit_id] and store.list_audits(run_ids=[]).empty
+    with duckdb.connect(str(path)) as con:  # make it a schema-1 file
+        con.execute("DROP TABLE audits")
+        con.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    old = Store(path, read_only=True)
+    assert old.list_audits().empty and old.get_audit(audit_id) is None
+    migrated = Store(path)
+    assert migrated.schema_version() == 2 and migrated.list_audits().empty

@@ -6,7 +6,7 @@ A generator is any callable ``generate_fn(prompt_ids, seed) -> tokens`` (ours, t
 target on the committed prefix under the baseline policy. The randomized probability integral
 transform
 
-    u_t = F_t(y_t − 1) + V·p_t(y_t),   V ~ Uniform(0, 1), F over a fresh random token order,
+    u_t = F_t(y_t − 1) + V·p_t(y_t),   V ~ Uniform(0, 1), F over the tokens by decreasing p_t,
 
 is Uniform(0, 1), independently across tokens, exactly when the generator samples ``p``
 (Brockwell 2007). Two χ² families test that: every ``u_t`` pooled into ``PIT_BINS`` bins, and
@@ -103,11 +103,16 @@ def teacher_forced_laws(target, prompt_ids: list[int], tokens: list[int], policy
 
 
 def randomized_pit(law: torch.Tensor, token: int, generator: torch.Generator) -> float:
-    """``F(y − 1) + V·p(y)`` over a random order of the vocabulary (so ties and token order carry no signal)."""
-    order = torch.randperm(law.numel(), generator=generator)
+    """``F(y − 1) + V·p(y)`` with the vocabulary ordered by decreasing ``p`` (ties by token id).
+
+    Any order fixed before ``y`` is drawn makes the value exactly Uniform(0, 1) under ``p``; this
+    one sends too-unlikely tokens (a wrong residual, dropped truncation, a stale cache) toward 1
+    and too-likely ones (a sharpened law) toward 0, where the χ² bins see them.
+    """
+    order = torch.argsort(-law, stable=True)
     rank = int((order == token).nonzero())
     below = float(law[order[:rank]].sum())
-    return below + float(torch.rand((), generator=generator, dtype=torch.float64)) * float(law[token])
+    return min(1.0, below + float(torch.rand((), generator=generator, dtype=torch.float64)) * float(law[token]))
 
 
 def _uniformity(values: list[float], bins: int):

@@ -124,8 +124,8 @@ def model_pairs(target, draft, prompt_ids: list[int], tokens: list[int], count: 
     """``count`` real positions: ``p`` of ``target`` and ``q`` of ``draft`` (full vocabulary, after
     their policies) on the prefixes ``prompt + tokens[:t]``, one plain forward each.
 
-    Picks the positions where the draft is farthest from the target (largest TV(p, q)) and the
-    median one: where a wrong rule shows most, and a typical position.
+    Picks the positions where the draft is farthest from the target (largest TV(p, q) below 0.9)
+    and the median one: where a wrong rule shows most, and a typical position.
     """
     from diagnostics.drafters import fit_vocabulary
     from diagnostics.policy import Policy, probabilities
@@ -140,12 +140,16 @@ def model_pairs(target, draft, prompt_ids: list[int], tokens: list[int], count: 
     p_rows, q_rows = laws
     distance = total_variation(p_rows, q_rows)
     order = torch.argsort(distance, descending=True).tolist()
-    chosen = order[: max(0, count - 1)] + [order[len(order) // 2]]
+    # A position with TV(p, q) near 1 never accepts (its output is a plain draw from p): it tests
+    # nothing of the accept path, so prefer the farthest positions that still overlap.
+    overlapping = [index for index in order if float(distance[index]) < 0.9] or order
+    chosen = overlapping[: max(0, count - 1)] + [order[len(order) // 2]]
     seen: list[int] = []
     for index in chosen:
         if index not in seen:
             seen.append(index)
-    return [(f"{target.name} position {index} (TV(p, q) = {float(distance[index]):.3f})", p_rows[index], q_rows[index])
+    short = str(target.name).split(" (")[0]
+    return [(f"{short} position {index} (TV(p, q) = {float(distance[index]):.3f})", p_rows[index], q_rows[index])
             for index in seen[:count]]
 
 

@@ -22,7 +22,7 @@ RULE_IMPLEMENTATIONS = ["ours", "transformers", *RULE_MUTANTS]
 ENGINE_IMPLEMENTATIONS = ["ours", "transformers", *ENGINE_MUTANTS]
 TINY = "tiny"
 DEFAULT_PROMPT = "Tell me a short story about a robot who learns to paint."
-DEFAULT_EARLY_EXIT_LAYER = 16
+DEFAULT_EARLY_EXIT_LAYER = 26  # the Run page's default draft for the embedded model
 
 
 class AuditError(ValueError):

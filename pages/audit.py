@@ -1,0 +1,158 @@
+"""Audit: is an implementation lossless? Run an audit at one layer, read its verdict and evidence."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from diagnostics.audit import audit_recorded_run
+from diagnostics.audit.reporting import json_safe, pair_rows, summary_line, worst_position_rows
+from diagnostics.audit.suite import (
+    ENGINE_IMPLEMENTATIONS,
+    RULE_IMPLEMENTATIONS,
+    AuditError,
+    describe,
+    model_setup,
+    real_positions,
+    run_engine_audit,
+    run_rule_audit,
+    tiny_setup,
+)
+from diagnostics.charts import audit_figure
+from diagnostics.inspection import target_spec
+from diagnostics.models import ModelError
+from diagnostics.report import build_report
+from diagnostics.rules import RuleError
+from pages.common import default_target, open_store, try_model
+
+LAYERS = {
+    "Rule level": "One verification step run many times on a battery of (p, q) pairs; its output law tested against p.",
+    "Engine level": "Many seeded generations; every token's randomized PIT under the target's law recomputed by teacher forcing.",
+    "Recorded run": "Replay every stored decision from its uniforms; recompute p with plain forwards when the model is here.",
+}
+
+st.title("Audit")
+st.caption("Does an implementation keep the lossless guarantee? A correct one fails with probability at most the "
+           "level (1%); each verdict states the smallest error its sample size could detect.")
+store = open_store()
+if store is None:
+    st.stop()
+
+
+@st.cache_resource(show_spinner="Building the tiny audit models…")
+def _tiny():
+    return tiny_setup()
+
+
+@st.cache_resource(show_spinner="Loading the target and its early-exit draft…")
+def _real(spec: str):
+    return model_setup(spec)
+
+
+def _save(evidence: dict) -> None:
+    evidence = json_safe(evidence)
+    if store.read_only:
+        st.session_state["audit_unsaved"] = evidence
+        st.session_state.pop("audit_selected", None)
+        st.info("This database is a shared file, opened read-only: the audit is shown but not stored.")
+        return
+    st.session_state["audit_selected"] = store.add_audit(evidence, summary_line(evidence))
+    st.session_state.pop("audit_unsaved", None)
+
+
+with st.expander("New audit", expanded=store.list_audits().empty):
+    layer = st.radio("Layer", list(LAYERS), horizontal=True, key="audit_layer")
+    st.caption(LAYERS[layer])
+    try:
+        if layer == "Rule level":
+            implementation = st.selectbox("Implementation", RULE_IMPLEMENTATIONS, format_func=lambda name: f"{name}: {describe(name)}",
+                                          key="audit_rule_impl")
+            left, middle, right = st.columns(3)
+            rule = left.text_input("Our rule (for 'ours')", "lossless", key="audit_rule_spec")
+            declared = middle.text_input("Test against a declared lossy rule (empty: p)", "", key="audit_declared")
+            samples = right.number_input("Steps per pair", 1_000, 1_000_000, 60_000, step=10_000, key="audit_samples")
+            real = st.checkbox("Add 2 real positions of the target (full-vocabulary p and its early-exit q)", key="audit_real")
+            if st.button("Run the rule-level audit", type="primary", key="audit_rule_go"):
+                with st.spinner("Auditing…"):
+                    pairs = real_positions(_real(default_target()), 2) if real else None
+                    result = run_rule_audit(implementation, rule=rule or None, samples=int(samples),
+                                            declared=declared or None, real_pairs=pairs)
+                _save(result.as_dict())
+        elif layer == "Engine level":
+            implementation = st.selectbox("Generator", ENGINE_IMPLEMENTATIONS, format_func=lambda name: f"{name}: {describe(name)}",
+                                          key="audit_engine_impl")
+            models = st.radio("Models", ["tiny (random 12-token Llamas, seconds)", f"the target {default_target()!r} with early-exit:26 (minutes)"],
+                              key="audit_models")
+            tiny = models.startswith("tiny")
+            left, middle, right = st.columns(3)
+            generations = left.number_input("Generations", 10, 5_000, 800 if tiny else 40, key=f"audit_generations_{tiny}")
+            max_new = middle.number_input("Tokens per generation", 1, 64, 12 if tiny else 16, key=f"audit_tokens_{tiny}")
+            gamma = right.number_input("γ (draft tokens per block)", 1, 8, 3, key="audit_gamma")
+            if st.button("Run the engine-level audit", type="primary", key="audit_engine_go"):
+                setup = _tiny() if tiny else _real(default_target())
+                bar = st.progress(0.0, text="Generating…")
+                result = run_engine_audit(implementation, setup, generations=int(generations), max_new_tokens=int(max_new),
+                                          gamma=int(gamma), progress=lambda done, total: bar.progress(done / total, text=f"Generation {done}/{total}"))
+                bar.empty()
+                _save(result.as_dict())
+        else:
+            runs = store.list_runs()
+            if runs.empty:
+                st.info("No runs yet: record one on the Run page first.")
+            else:
+                labels = {row.run_id: f"{row.run_id} · {row.rule} · {row.status} · {str(row.prompt)[:40]}" for row in runs.itertuples()}
+                run_id = st.selectbox("Run", list(labels), format_func=labels.get, key="audit_run")
+                if st.button("Audit this run", type="primary", key="audit_run_go"):
+                    with st.spinner("Replaying every decision…"):
+                        target = try_model(target_spec(store.get_run(run_id)))
+                        evidence = audit_recorded_run(store, run_id, target).as_dict()
+                    evidence["p_recomputed"] = target is not None
+                    _save(evidence)
+    except (AuditError, RuleError, ModelError, ValueError) as error:
+        st.error(str(error))
+
+st.subheader("Audits")
+audits = store.list_audits()
+unsaved = st.session_state.get("audit_unsaved")
+if audits.empty and unsaved is None:
+    st.info("No audits yet. Run one above, or `python -m diagnostics audit --all --save` for every implementation and planted bug.")
+    st.stop()
+
+evidence = unsaved
+audit_id = None
+if not audits.empty:
+    shown = audits[["audit_id", "created", "layer", "implementation", "verdict", "run_id", "summary"]]
+    ids = shown["audit_id"].tolist()
+    wanted = st.query_params.get("audit") or st.session_state.get("audit_selected")
+    audit_id = st.selectbox("Show", ids, index=ids.index(wanted) if wanted in ids else 0, key=f"audit_show_{wanted}",
+                            format_func=lambda value: " · ".join(str(item) for item in shown.set_index("audit_id").loc[value, ["verdict", "layer", "implementation", "created"]]))
+    with st.expander(f"All {len(shown)} stored audits"):
+        st.dataframe(shown, hide_index=True, column_config={"summary": st.column_config.TextColumn("summary", width="large")})
+    if unsaved is None or st.session_state.get("audit_selected"):
+        evidence = store.get_audit(audit_id)["evidence"]
+
+verdict = evidence["verdict"]
+line = summary_line(evidence)
+(st.error if verdict == "fail" else st.success)(f"**{verdict.upper()}** · {line}", icon="🚨" if verdict == "fail" else "✅")
+for reason in evidence.get("reasons") or []:
+    st.markdown(f"- {reason}")
+figure = audit_figure(evidence)
+if figure is not None:
+    st.plotly_chart(figure, key="audit_chart")
+if evidence.get("layer") == "rule":
+    st.markdown("**Evidence per (p, q) pair** (worst first; Holm-adjusted across the pairs)")
+    st.dataframe(pair_rows(evidence), hide_index=True)
+rows = worst_position_rows(evidence)
+if rows:
+    st.markdown("**Worst positions**" + (" (output position: the t-th emitted token of every generation)" if evidence.get("layer") == "engine" else ""))
+    st.dataframe(rows, hide_index=True)
+    if evidence.get("layer") == "recorded":
+        positions = sorted({row["position"] for row in rows if row["position"] >= 0})[:5]
+        st.markdown(" · ".join(f"[position {position}](/?run={evidence['run_id']}&pos={position})" for position in positions))
+elif evidence.get("layer") == "engine":
+    st.caption("No output position had the 100 tokens needed for a test of its own; only the pooled test ran.")
+settings = evidence.get("settings")
+if settings:
+    st.caption("Settings: " + ", ".join(f"{key} = {value}" for key, value in settings.items()))
+if audit_id is not None and evidence is not unsaved:
+    st.download_button("Download report (HTML)", build_report(store, [], [audit_id]), file_name=f"audit-{audit_id}.html",
+                       mime="text/html", key="audit_report")

@@ -1,0 +1,84 @@
+"""The Audit page under AppTest: run an audit at each layer, read the verdict and evidence, and the report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+from tiny_models import save_tiny_model
+
+from diagnostics.models import load_model
+from diagnostics.runner import RunRequest, record_run
+from diagnostics.store import Store
+
+APP = str(Path(__file__).resolve().parents[1] / "app.py")
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory) -> str:
+    return save_tiny_model(tmp_path_factory.mktemp("audit_app") / "tiny", seed=0)
+
+
+@pytest.fixture
+def database(tmp_path: Path, tiny_folder: str, monkeypatch) -> Path:
+    db = tmp_path / "runs.duckdb"
+    monkeypatch.setenv("SPECLAB_DB", str(db))
+    monkeypatch.setenv("SPECLAB_TARGET", tiny_folder)
+    return db
+
+
+def _audit_page() -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=180)
+    at.run()
+    at.switch_page("pages/audit.py")
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def test_empty_database_says_how_to_start(database) -> None:
+    at = _audit_page()
+    assert at.title[0].value == "Audit"
+    assert any("No audits yet" in info.value for info in at.info)
+
+
+def test_rule_level_audit_of_a_planted_bug_fails_with_evidence(database) -> None:
+    at = _audit_page()
+    at.selectbox(key="audit_rule_impl").set_value("residual_softmax")
+    at.number_input(key="audit_samples").set_value(20_000)
+    at.button(key="audit_rule_go").click()
+    at.run(timeout=180)
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.error and at.error[0].value.startswith("**FAIL** · rule · planted:residual_softmax")
+    assert len(at.get("plotly_chart")) == 1 and len(at.dataframe) >= 1
+    stored = Store(database, read_only=True).list_audits()
+    assert stored["verdict"].tolist() == ["fail"] and stored["layer"].tolist() == ["rule"]
+    assert at.get("download_button")  # the audit's report
+
+
+def test_engine_level_audit_of_our_engine_passes(database) -> None:
+    at = _audit_page()
+    at.radio(key="audit_layer").set_value("Engine level")
+    at.run()
+    at.number_input(key="audit_generations_True").set_value(200)
+    at.button(key="audit_engine_go").click()
+    at.run(timeout=180)
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.success and at.success[0].value.startswith("**PASS** · engine · ours")
+    assert len(at.get("plotly_chart")) == 1  # the PIT histogram
+
+
+def test_recorded_run_audit_links_to_inspect(database, tiny_folder) -> None:
+    store = Store(database)
+    run_id, _ = record_run(store, load_model(tiny_folder), "ngram:2",
+                           RunRequest(prompt="w1 w2 w3 w1 w2", draft="ngram:2", gamma=3, max_new_tokens=16, seed=2, raw=True))
+    at = _audit_page()
+    at.radio(key="audit_layer").set_value("Recorded run")
+    at.run()
+    at.button(key="audit_run_go").click()
+    at.run(timeout=180)
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.success and f"run {run_id}" in at.success[0].value and "max |p recorded − p recomputed|" in at.success[0].value
+    assert any(f"/?run={run_id}&pos=" in markdown.value for markdown in at.markdown)
+    assert Store(database, read_only=True).list_audits(run_ids=[run_id])["verdict"].tolist() == ["pass"]
