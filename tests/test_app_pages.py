@@ -72,7 +72,7 @@ def test_deep_link_to_a_missing_run(populated) -> None:
 
 
 def test_compare_page_marks_the_divergence(populated) -> None:
-    at = _open("pages/compare.py", {"group": populated["group_id"]})
+    at = _open("views/compare.py", {"group": populated["group_id"]})
     assert at.title[0].value == "Compare"
     table = at.dataframe[0].value
     assert list(table["rule"]) == ["lossless", "lenience:0.1"]
@@ -85,14 +85,14 @@ def test_compare_page_marks_the_divergence(populated) -> None:
 
 
 def test_runs_page_lists_and_filters(populated) -> None:
-    at = _open("pages/runs.py")
+    at = _open("views/runs.py")
     assert len(at.dataframe[0].value) == 3
     at.text_input(key="runs_search").set_value("lenience:0.1").run()
     assert len(at.dataframe[0].value) == 1
 
 
 def test_run_page_records_a_run(populated, tiny_folder: str) -> None:
-    at = _open("pages/run.py")
+    at = _open("views/run.py")
     at.text_area(key="run_prompt").set_value("w1 w2 w3 w1 w2")
     at.checkbox(key="run_raw").check()
     at.selectbox(key="run_draft_kind").set_value("ngram")
@@ -105,19 +105,19 @@ def test_run_page_records_a_run(populated, tiny_folder: str) -> None:
 
 
 def test_run_page_bad_rule_is_a_message(populated) -> None:
-    at = _open("pages/run.py")
+    at = _open("views/run.py")
     at.text_input(key="run_rule").set_value("lenience:0").run()
     assert "out of range" in at.error[0].value
 
 
-@pytest.mark.parametrize("page", ["pages/inspect.py", "pages/compare.py", "pages/runs.py"])
+@pytest.mark.parametrize("page", ["views/inspect.py", "views/compare.py", "views/runs.py"])
 def test_empty_database(tmp_path: Path, monkeypatch, page: str) -> None:
     monkeypatch.setenv("SPECLAB_DB", str(tmp_path / "fresh" / "runs.duckdb"))
     at = _open(page)
     assert at.info and "No " in at.info[0].value
 
 
-@pytest.mark.parametrize("page", ["pages/inspect.py", "pages/compare.py", "pages/runs.py"])
+@pytest.mark.parametrize("page", ["views/inspect.py", "views/compare.py", "views/runs.py"])
 def test_corrupt_database_is_a_clear_message(tmp_path: Path, monkeypatch, page: str) -> None:
     corrupt = tmp_path / "runs.duckdb"
     corrupt.write_bytes(b"garbage" * 100)

@@ -17,7 +17,7 @@ APP = str(Path(__file__).resolve().parents[1] / "app.py")
 def _app() -> AppTest:
     at = AppTest.from_file(APP, default_timeout=60)
     at.run()
-    at.switch_page("pages/playground.py")
+    at.switch_page("views/playground.py")
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     return at

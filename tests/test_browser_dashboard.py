@@ -78,6 +78,18 @@ def _shot(page, name: str) -> None:
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
 
 
+def test_a_direct_link_to_a_page_shows_the_app_navigation(setup, browser) -> None:
+    """First session on a fresh server, opened on /runs: the app's navigation and sidebar, not a
+    raw file list (a folder named ``pages/`` beside app.py would turn on Streamlit's legacy mode)."""
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.goto(f"{setup['url']}/runs")
+    page.get_by_role("heading", name="Runs").wait_for(timeout=60_000)
+    page.get_by_text("spec-verify-lab").first.wait_for(timeout=30_000)
+    navigation = page.locator('[data-testid="stSidebarNav"]').inner_text()
+    assert "Audit" in navigation and "Playground" in navigation and "common" not in navigation, navigation
+    page.close()
+
+
 def test_run_page_streams_tokens_and_keeps_script_inert(setup, browser) -> None:
     page = browser.new_page(viewport={"width": 1400, "height": 1200})
     page.goto(setup["url"])
@@ -184,3 +196,35 @@ def test_long_run_inspect_is_interactive_quickly(setup, browser) -> None:
     assert page.locator(".token-strip .tok").count() == 400  # a window around the selected position
     assert warm < 2.0, f"warm {warm:.2f} s, cold {cold:.2f} s"
     page.close()
+
+
+def test_audit_page_runs_an_engine_audit_and_shows_stored_evidence(setup, browser) -> None:
+    """Audit page: a stored planted-bug audit (with hostile label text) shows its evidence inertly;
+    an engine-level audit of our engine run from the page passes and is stored."""
+    from diagnostics.audit import audit_rule, battery
+    from diagnostics.audit.mutants import RULE_MUTANTS
+    from diagnostics.audit.reporting import summary_line
+
+    pairs = battery(seed=1)
+    pairs[0] = (SCRIPT_PROMPT, pairs[0][1], pairs[0][2])
+    planted = audit_rule(RULE_MUTANTS["residual_softmax"][1], pairs, n=20_000, implementation="planted:residual_softmax").as_dict()
+    audit_id = Store(setup["db"]).add_audit(planted, summary_line(planted))
+    page = browser.new_page(viewport={"width": 1400, "height": 1500})
+    page.goto(f"{setup['url']}/audit?audit={audit_id}")
+    page.get_by_role("heading", name="Audit").first.wait_for(timeout=30_000)
+    page.get_by_text("FAIL · rule · planted:residual_softmax").first.wait_for(timeout=30_000)
+    page.locator(".js-plotly-plot").first.wait_for(timeout=30_000)
+    assert page.evaluate("window.__pwned") is None
+    page.get_by_text("New audit").click()
+    page.get_by_text("Engine level").first.click()
+    page.get_by_role("button", name="Run the engine-level audit").click()
+    try:
+        page.get_by_text("PASS · engine · ours").first.wait_for(timeout=120_000)
+    except Exception:
+        _shot(page, "audit_failed")
+        raise
+    page.locator(".js-plotly-plot").first.wait_for(timeout=30_000)
+    assert page.evaluate("window.__pwned") is None
+    _shot(page, "audit")
+    page.close()
+    assert Store(setup["db"], read_only=True).list_audits()["layer"].tolist()[:2] == ["engine", "rule"]

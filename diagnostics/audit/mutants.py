@@ -2,10 +2,10 @@
 
 Rule level (one verification step; ``Verify`` adapters): residual by softmax, accept coin reused
 for the residual, greedy draft scored with its softmax, raw vs processed ``q``, temperature on
-one side only. Engine level (a whole generator; ``EngineSeams`` passed to ``generate``): KV-cache
-rollback off by one, residual from the wrong position, truncation dropped on the verified
-positions. The correct counterparts must pass the same audits (the negative controls of the
-audit itself).
+one side only, ids past the vocabulary. Engine level (a whole generator; ``EngineSeams`` passed
+to ``generate``): KV-cache rollback off by one, residual from the wrong position, truncation
+dropped on the verified positions. The correct counterparts must pass the same audits (the
+negative controls of the audit itself).
 """
 
 from __future__ import annotations
@@ -63,12 +63,25 @@ def _temperature_one_side(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor
     return _lossless_step(hot, q, drafts, generator)
 
 
+def _padded_vocabulary(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    # The residual is drawn over a head padded to a multiple of 64 whose padding keeps a little
+    # mass (logits 0 instead of −inf): now and then an id past the vocabulary comes out.
+    residual = normalise_or((p - q).clamp(min=0.0), p)
+    padding = torch.full((64 - p.numel() % 64 or 64,), 1e-3, dtype=residual.dtype)
+    padded = torch.cat([residual, padding])
+    accept = torch.where(q[drafts] > 0, (p[drafts] / q[drafts]).clamp(max=1.0), torch.ones(()))
+    coins = torch.rand(drafts.shape, generator=generator, dtype=torch.float64)
+    fallback = sample_inverse_cdf(padded, torch.rand(drafts.shape, generator=generator, dtype=torch.float64))
+    return torch.where(coins < accept, drafts, fallback)
+
+
 RULE_MUTANTS: dict[str, tuple[str, Verify]] = {
     "residual_softmax": ("residual taken as softmax(p − q) instead of norm((p − q)+)", _softmax_residual),
     "coin_reused": ("the accept coin reused for the residual draw", _reused_coin),
     "greedy_draft_softmax_q": ("greedy draft, but its softmax used as q", _greedy_draft_softmax_q),
     "raw_q": ("q taken before the draft policy (raw) while drafts follow the processed q", _raw_q),
     "temperature_one_side": ("temperature applied on one side only: the verifier's p is not the baseline's", _temperature_one_side),
+    "out_of_vocabulary": ("residual drawn over a padded head: ids past the vocabulary", _padded_vocabulary),
 }
 
 

@@ -22,12 +22,13 @@ probability ≥ 0.9 at its Bonferroni level.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import torch
 
-from diagnostics.gof import chi_square_gof, counts_of, detectable_tv
+from diagnostics.gof import GofResult, chi_square_gof, counts_of, detectable_tv
 from diagnostics.metrics import total_variation
 from diagnostics.rng import sample_inverse_cdf
 from diagnostics.rules import Rule, as_laws, get_rule
@@ -214,9 +215,14 @@ def audit_rule(
         p_target, q_draft = as_laws(p, q)
         law = reference_rule.induced(p_target, q_draft) if reference_rule else p_target
         drafts = sample_inverse_cdf(q_draft, torch.rand(n, generator=generator, dtype=torch.float64))
-        emitted = verify(p_target, q_draft, drafts, generator)
-        counts = counts_of(emitted, p_target.numel())
+        emitted = torch.as_tensor(verify(p_target, q_draft, drafts, generator)).reshape(-1).to(torch.long)
+        vocab = p_target.numel()
+        # An id outside the vocabulary (a padded head, a bad offset) is impossible under any law on it.
+        outside = int(((emitted < 0) | (emitted >= vocab)).sum())
+        counts = counts_of(emitted[(emitted >= 0) & (emitted < vocab)], vocab)
         result = chi_square_gof(counts, law)
+        if outside:
+            result = GofResult(math.inf, 0, 0.0, result.n + outside, result.impossible + outside, result.pooled_mass)
         observed_tv = _pooled_tv(counts, law)
         raw.append((label, result, observed_tv, law))
     m = len(raw)

@@ -48,6 +48,15 @@ def decoder(model: LoadedModel | None):
     return lambda token: tokenizer.decode([int(token)])
 
 
+_MARKDOWN_SPECIALS = set("\\`*_{}[]()<>#+-.!|~$:")
+
+
+def literal(text: str) -> str:
+    """Untrusted text (token text, audit labels) shown literally inside Markdown: every Markdown
+    special character is backslash-escaped, so no link, image or emphasis can be injected."""
+    return "".join(f"\\{char}" if char in _MARKDOWN_SPECIALS else char for char in str(text))
+
+
 METRIC_HELP = {
     "acceptance rate": "Accepted drafts / drafted tokens (every proposed draft, including those discarded after a rejection).",
     "block efficiency": "Emitted tokens per target forward pass, the fallback or bonus token included. Plain decoding = 1.0.",

@@ -12,8 +12,8 @@ from diagnostics.models import ModelError, load_draft
 from diagnostics.rules import RuleError
 from diagnostics.runner import RunRequest, compare_rules
 from diagnostics.store import StoreError
-from pages.common import cached_model, open_store
-from pages.run_form import RULE_HELP, request_widgets
+from views.common import cached_model, open_store
+from views.run_form import RULE_HELP, request_widgets
 
 st.title("Compare")
 store = open_store()

@@ -10,8 +10,8 @@ from diagnostics.models import ModelError, load_draft
 from diagnostics.rules import RULES, RuleError, get_rule
 from diagnostics.runner import record_run
 from diagnostics.store import StoreError
-from pages.common import METRIC_HELP, cached_model, open_store
-from pages.run_form import RULE_HELP, request_widgets
+from views.common import METRIC_HELP, cached_model, open_store
+from views.run_form import RULE_HELP, request_widgets
 
 st.title("Run")
 st.caption("Generate with speculative decoding under a verification rule; every position is recorded. "

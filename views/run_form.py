@@ -7,7 +7,7 @@ import streamlit as st
 from diagnostics.policy import Policy, PolicyError
 from diagnostics.rules import EXAMPLE_SPECS
 from diagnostics.runner import RunRequest
-from pages.common import default_target
+from views.common import default_target
 
 
 def draft_widget(prefix: str, target_layers: int | None) -> str | None:

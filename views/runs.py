@@ -9,7 +9,7 @@ import streamlit as st
 
 from diagnostics.report import build_report
 from diagnostics.store import StoreError, default_db_path, export_runs, import_runs
-from pages.common import open_store
+from views.common import open_store
 
 st.title("Runs")
 shared = st.session_state.get("shared_db")

@@ -8,7 +8,7 @@ import streamlit as st
 
 from diagnostics.charts import law_figure, token_strip_html, tracks_figure
 from diagnostics.inspection import position_view, target_spec
-from pages.common import METRIC_HELP, decoder, open_store, try_model
+from views.common import METRIC_HELP, decoder, open_store, try_model
 
 st.title("Inspect a run")
 store = open_store()

@@ -22,7 +22,7 @@ from diagnostics.inspection import target_spec
 from diagnostics.models import ModelError
 from diagnostics.report import build_report
 from diagnostics.rules import RuleError
-from pages.common import default_target, open_store, try_model
+from views.common import default_target, literal, open_store, try_model
 
 LAYERS = {
     "Rule level": "One verification step run many times on a battery of (p, q) pairs; its output law tested against p.",
@@ -122,7 +122,8 @@ audit_id = None
 if not audits.empty:
     shown = audits[["audit_id", "created", "layer", "implementation", "verdict", "run_id", "summary"]]
     ids = shown["audit_id"].tolist()
-    wanted = st.query_params.get("audit") or st.session_state.get("audit_selected")
+    # The audit just run wins over the one in the link (?audit=ID).
+    wanted = st.session_state.get("audit_selected") or st.query_params.get("audit")
     audit_id = st.selectbox("Show", ids, index=ids.index(wanted) if wanted in ids else 0, key=f"audit_show_{wanted}",
                             format_func=lambda value: " · ".join(str(item) for item in shown.set_index("audit_id").loc[value, ["verdict", "layer", "implementation", "created"]]))
     with st.expander(f"All {len(shown)} stored audits"):
@@ -132,9 +133,9 @@ if not audits.empty:
 
 verdict = evidence["verdict"]
 line = summary_line(evidence)
-(st.error if verdict == "fail" else st.success)(f"**{verdict.upper()}** · {line}", icon="🚨" if verdict == "fail" else "✅")
+(st.error if verdict == "fail" else st.success)(f"**{verdict.upper()}** · {literal(line)}", icon="🚨" if verdict == "fail" else "✅")
 for reason in evidence.get("reasons") or []:
-    st.markdown(f"- {reason}")
+    st.markdown(f"- {literal(reason)}")
 figure = audit_figure(evidence)
 if figure is not None:
     st.plotly_chart(figure, key="audit_chart")
