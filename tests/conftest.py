@@ -61,3 +61,11 @@ def toy_pair() -> tuple[torch.Tensor, torch.Tensor]:
     p = torch.tensor([0.05, 0.15, 0.25, 0.55], dtype=torch.float64)
     q = torch.tensor([0.55, 0.25, 0.15, 0.05], dtype=torch.float64)
     return p, q
+
+
+@pytest.fixture(scope="session")
+def tiny_folder(tmp_path_factory) -> str:
+    """A tiny Llama with its tokenizer saved as a local model folder, shared by the page tests."""
+    from tiny_models import save_tiny_model
+
+    return save_tiny_model(tmp_path_factory.mktemp("app") / "tiny", seed=0)

@@ -6,18 +6,12 @@ from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
-from tiny_models import save_tiny_model
+from app_support import open_page
 
 from diagnostics.models import load_model
 from diagnostics.runner import RunRequest, record_run
 from diagnostics.store import Store
 
-APP = str(Path(__file__).resolve().parents[1] / "app.py")
-
-
-@pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory) -> str:
-    return save_tiny_model(tmp_path_factory.mktemp("audit_app") / "tiny", seed=0)
 
 
 @pytest.fixture
@@ -29,12 +23,7 @@ def database(tmp_path: Path, tiny_folder: str, monkeypatch) -> Path:
 
 
 def _audit_page() -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=180)
-    at.run()
-    at.switch_page("views/audit.py")
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
+    return open_page("views/audit.py", timeout=180)
 
 
 def test_empty_database_says_how_to_start(database) -> None:

@@ -7,19 +7,13 @@ from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
-from tiny_models import save_tiny_model
+from app_support import open_page
 
 from diagnostics.engine import PositionRecord
 from diagnostics.models import load_model
 from diagnostics.runner import RunRequest, compare_rules, record_run
 from diagnostics.store import Store
 
-APP = str(Path(__file__).resolve().parents[1] / "app.py")
-
-
-@pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory) -> str:
-    return save_tiny_model(tmp_path_factory.mktemp("app") / "tiny", seed=0)
 
 
 @pytest.fixture
@@ -36,15 +30,7 @@ def populated(tmp_path: Path, tiny_folder: str, monkeypatch) -> dict:
 
 
 def _open(page: str | None = None, query: dict | None = None) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=120)
-    for key, value in (query or {}).items():
-        at.query_params[key] = value
-    at.run()
-    if page:
-        at.switch_page(page)
-        at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
+    return open_page(page, query)
 
 
 def _html(at: AppTest) -> str:

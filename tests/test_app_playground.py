@@ -5,22 +5,16 @@ from __future__ import annotations
 import json
 
 import pytest
-from pathlib import Path
+from app_support import open_page
 from streamlit.testing.v1 import AppTest
 
 from diagnostics.rules import RULES
 from diagnostics.synthetic import PRESETS
 
-APP = str(Path(__file__).resolve().parents[1] / "app.py")
 
 
 def _app() -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=60)
-    at.run()
-    at.switch_page("views/playground.py")
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
+    return open_page("views/playground.py", timeout=60)
 
 
 def _figures(at: AppTest) -> list[dict]:
