@@ -184,6 +184,16 @@ def transformers_adapter() -> Verify:
     return verify
 
 
+def _tested_cells(law: torch.Tensor, n: int, min_expected: float = 5.0) -> tuple[int, float]:
+    """Degrees of freedom and pooled mass of the χ² test of ``n`` draws against ``law`` (as in
+    ``chi_square_gof``), from the law alone, so the bound is the same whether or not the
+    implementation emitted an impossible token."""
+    support = law > 0
+    small = support & (law * n < min_expected)
+    cells = int((support & ~small).sum()) + int(bool(small.any()))
+    return max(1, cells - 1), float(law[small].sum())
+
+
 def _pooled_tv(counts: torch.Tensor, law: torch.Tensor, min_expected: float = 5.0) -> float:
     """TV between the observed and the exact law on the cells the χ² test used (rare tokens pooled),
     so that on a large vocabulary it is not dominated by the sampling noise of unseen tokens."""
@@ -231,10 +241,10 @@ def audit_rule(
     for index, (label, result, observed_tv, law) in enumerate(raw):
         # Tokens too rare to test one by one are pooled into one cell; an error that only moves
         # mass inside that cell is invisible, so its mass is added to the detectable TV.
-        dof = max(1, result.dof or int((law > 0).sum()) - 1)
-        detectable = min(1.0, detectable_tv(n, dof, level / m, DETECTION_POWER) + result.pooled_mass)
+        dof, pooled_mass = _tested_cells(law, n)
+        detectable = min(1.0, detectable_tv(n, dof, level / m, DETECTION_POWER) + pooled_mass)
         results.append(PairResult(label=label, n=n, statistic=result.statistic, dof=result.dof, p_value=result.p_value,
-                                  adjusted_p=adjusted[index], detectable_tv=detectable, pooled_mass=result.pooled_mass,
+                                  adjusted_p=adjusted[index], detectable_tv=detectable, pooled_mass=pooled_mass,
                                   observed_tv=observed_tv, impossible=result.impossible))
     verdict = "fail" if any(pair.adjusted_p < level for pair in results) else "pass"
     return RuleAudit(implementation=implementation, reference=reference_rule.spec if reference_rule else "p (lossless)",
