@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from diagnostics.audit import RULE_MUTANTS, audit_rule, battery, rule_adapter, transformers_adapter
+from diagnostics.audit import ENGINE_MUTANTS, RULE_MUTANTS, audit_rule, battery, rule_adapter, transformers_adapter
 from diagnostics.rules import normalise_or
 
 N = 60_000
@@ -32,10 +32,11 @@ def test_transformers_speculative_sampling_passes_at_rule_level(seed: int) -> No
     assert audit.passed, audit.worst
 
 
+@pytest.mark.parametrize("seed", [7, 8])
 @pytest.mark.parametrize("name", list(RULE_MUTANTS))
-def test_every_rule_level_mutant_is_caught(name: str) -> None:
+def test_every_rule_level_mutant_is_caught(name: str, seed: int) -> None:
     _, mutant = RULE_MUTANTS[name]
-    audit = audit_rule(mutant, battery(seed=7), n=N, seed=7, implementation=name)
+    audit = audit_rule(mutant, battery(seed=seed), n=N, seed=seed, implementation=name)
     assert not audit.passed, (name, audit.worst)
 
 
@@ -190,11 +191,12 @@ def test_engine_audit_passes_our_engine_on_several_seed_ranges(first_seed: int) 
     assert result.positions and all(item.tokens >= 100 for item in result.positions)  # per-position tests ran
 
 
-@pytest.mark.parametrize("name", ["rollback_off_by_one", "residual_wrong_position", "truncation_dropped"])
-def test_every_engine_level_mutant_is_caught(name: str) -> None:
+@pytest.mark.parametrize("first_seed", [0, 5_000])
+@pytest.mark.parametrize("name", list(ENGINE_MUTANTS))
+def test_every_engine_level_mutant_is_caught(name: str, first_seed: int) -> None:
     from diagnostics.audit.suite import run_engine_audit, tiny_setup
 
-    result = run_engine_audit(name, tiny_setup(), generations=400)
+    result = run_engine_audit(name, tiny_setup(), generations=400, first_seed=first_seed)
     assert result.verdict == "fail", result
     if name == "truncation_dropped":
         # Tokens outside the top-k that the baseline policy never emits.
