@@ -288,11 +288,11 @@ def _policy(args: argparse.Namespace):
 
 
 def _setup(args: argparse.Namespace):
-    from diagnostics.audit.suite import DEFAULT_EARLY_EXIT_LAYER, DEFAULT_PROMPT, TINY, model_setup, tiny_setup
+    from diagnostics.audit.suite import DEFAULT_PROMPT, TINY, model_setup, tiny_setup
 
     if args.target == TINY:
         return tiny_setup()
-    return model_setup(args.target, layer=args.early_exit or DEFAULT_EARLY_EXIT_LAYER, prompt=args.prompt or DEFAULT_PROMPT)
+    return model_setup(args.target, layer=args.early_exit, prompt=args.prompt or DEFAULT_PROMPT)
 
 
 def _progress(label: str, enabled: bool = True):

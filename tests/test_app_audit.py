@@ -71,3 +71,14 @@ def test_recorded_run_audit_links_to_inspect(database, tiny_folder) -> None:
     assert at.success and f"run {run_id}" in at.success[0].value and "p recomputed" in at.success[0].value
     assert any(f"/?run={run_id}&pos=" in markdown.value for markdown in at.markdown)
     assert Store(database, read_only=True).list_audits(run_ids=[run_id])["verdict"].tolist() == ["pass"]
+
+
+def test_rule_level_audit_with_real_positions_of_the_target(database) -> None:
+    """The Run page's target (here a tiny 2-layer model: its early-exit draft is layer 1) adds two real pairs."""
+    at = _audit_page()
+    at.number_input(key="audit_samples").set_value(5_000)
+    at.checkbox(key="audit_real").check()
+    at.button(key="audit_rule_go").click()
+    at.run(timeout=180)
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.success and "× 8 pairs" in at.success[0].value

@@ -266,3 +266,20 @@ def test_randomized_pit_is_uniform_exactly_under_p_and_not_otherwise() -> None:
     sharp = pits(lambda law: law**2 / (law**2).sum())
     assert stats.kstest(flat, "uniform").pvalue < 1e-6 and sum(flat) / len(flat) > 0.5
     assert stats.kstest(sharp, "uniform").pvalue < 1e-6 and sum(sharp) / len(sharp) < 0.5
+
+
+def test_audit_command_on_a_local_model_folder(tmp_path, capsys) -> None:
+    """`--target PATH`: real positions at the rule level and our engine, with the early-exit draft of that model."""
+    import json
+
+    from tiny_models import save_tiny_model
+
+    from diagnostics.cli import main
+
+    folder = save_tiny_model(tmp_path / "tiny", seed=0)
+    assert main(["audit", "--target", folder, "--real-positions", "2", "--samples", "5000"]) == 0
+    rule = json.loads(capsys.readouterr().out)
+    assert rule["verdict"] == "pass" and len(rule["pairs"]) == 8 and "position" in rule["pairs"][-1]["label"]
+    assert main(["audit", "--engine", "ours", "--target", folder, "--generations", "30", "--max-new-tokens", "6"]) == 0
+    engine = json.loads(capsys.readouterr().out)
+    assert engine["verdict"] == "pass" and engine["settings"]["draft"] == "early-exit:1" and engine["generations"] == 30

@@ -80,7 +80,7 @@ with st.expander("New audit", expanded=store.list_audits().empty):
         elif layer == "Engine level":
             implementation = st.selectbox("Generator", ENGINE_IMPLEMENTATIONS, format_func=lambda name: f"{name}: {describe(name)}",
                                           key="audit_engine_impl")
-            models = st.radio("Models", ["tiny (random 12-token Llamas, seconds)", f"the target {default_target()!r} with early-exit:26 (minutes)"],
+            models = st.radio("Models", ["tiny (random 12-token Llamas, seconds)", f"the target {default_target()!r} with its early-exit draft (minutes)"],
                               key="audit_models")
             tiny = models.startswith("tiny")
             left, middle, right = st.columns(3)

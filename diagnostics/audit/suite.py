@@ -82,15 +82,16 @@ def tiny_setup() -> EngineSetup:
                        {"target": "tiny-llama-0 (random, 12 tokens)", "draft": "tiny-llama-1 (random)"})
 
 
-def model_setup(target_spec: str = "default", layer: int = DEFAULT_EARLY_EXIT_LAYER, prompt: str = DEFAULT_PROMPT,
+def model_setup(target_spec: str = "default", layer: int | None = None, prompt: str = DEFAULT_PROMPT,
                 local_only: bool = False) -> EngineSetup:
-    """A real target and its first ``layer`` layers as the draft (usable as transformers' assistant)."""
+    """A real target and its first ``layer`` layers as the draft (usable as transformers' assistant);
+    by default layer 26, or the last but one for a shallower target."""
     from diagnostics.engine import _eos_ids
     from diagnostics.models import early_exit_model, load_model
     from diagnostics.runner import encode_prompt
 
     target = load_model(target_spec, local_only=local_only)
-    draft = early_exit_model(target, layer)
+    draft = early_exit_model(target, layer if layer is not None else max(1, min(DEFAULT_EARLY_EXIT_LAYER, target.num_layers - 1)))
     return EngineSetup(target, draft, encode_prompt(target, prompt), _eos_ids(target, None),
                        {"target": target.name, "draft": draft.name, "prompt": prompt})
 
