@@ -39,12 +39,17 @@ def _policy(text: str | None) -> Policy:
 
 
 @torch.inference_mode()
-def _next_law(loaded: LoadedModel, prefix: list[int], policy: Policy, vocab: int) -> torch.Tensor:
+def teacher_forced_laws(loaded: LoadedModel, prompt_ids: list[int], tokens: list[int], policy: Policy,
+                        vocab: int | None = None) -> torch.Tensor:
+    """``p_t(· | prompt, y_<t)`` for ``t = 0 … len(tokens)`` (``len(tokens) + 1`` rows, the last one
+    after every token), under ``policy`` over ``vocab`` ids (default the model's), from one plain
+    cache-free forward: the reference every audit and the Inspect page compare against."""
     from diagnostics.drafters import fit_vocabulary
 
-    ids = torch.tensor([prefix], device=loaded.device)
-    logits = loaded.model(input_ids=ids, use_cache=False, logits_to_keep=1).logits[0, -1].float().cpu()
-    return probabilities(fit_vocabulary(logits, vocab), policy)
+    ids = torch.tensor([list(prompt_ids) + list(tokens)], device=loaded.device)
+    keep = len(tokens) + 1
+    logits = loaded.model(input_ids=ids, use_cache=False, logits_to_keep=keep).logits[0, -keep:].float().cpu()
+    return probabilities(fit_vocabulary(logits, vocab or loaded.vocab_size), policy)
 
 
 def exact_laws(run: dict[str, Any], record: dict[str, Any], target: LoadedModel) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -52,7 +57,7 @@ def exact_laws(run: dict[str, Any], record: dict[str, Any], target: LoadedModel)
     tokens = list(run["tokens"] or [])
     prefix = list(run["prompt_ids"]) + tokens[: int(record["position"])]
     vocab = target.vocab_size
-    p_target = _next_law(target, prefix, _policy(run["policy"]), vocab)
+    p_target = teacher_forced_laws(target, prefix, [], _policy(run["policy"]), vocab)[0]
     if record["kind"] == "bonus" or record.get("draft_token") is None:
         return p_target, None
     draft = parse_draft(run["draft"])
@@ -61,7 +66,7 @@ def exact_laws(run: dict[str, Any], record: dict[str, Any], target: LoadedModel)
         q_draft[int(record["draft_token"])] = 1.0
         return p_target, q_draft
     drafter = early_exit_model(target, int(draft.value)) if draft.kind == "early-exit" else load_model(draft.value, device=target.device, local_only=True)
-    return p_target, _next_law(drafter, prefix, _policy(run["draft_policy"]), vocab)
+    return p_target, teacher_forced_laws(drafter, prefix, [], _policy(run["draft_policy"]), vocab)[0]
 
 
 def _as_list(value: Any) -> list:

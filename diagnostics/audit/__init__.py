@@ -21,7 +21,6 @@ from diagnostics.audit.engine_level import (
     audit_generator,
     engine_generator,
     randomized_pit,
-    teacher_forced_laws,
     transformers_generator,
 )
 from diagnostics.audit.mutants import ENGINE_MUTANT_POLICY, ENGINE_MUTANTS, RULE_MUTANTS, StaleRollbackScorer
@@ -38,6 +37,7 @@ from diagnostics.audit.rule_level import (
     rule_adapter,
     transformers_adapter,
 )
+from diagnostics.inspection import teacher_forced_laws
 
 __all__ = [
     "DETECTION_POWER", "ENGINE_MUTANTS", "ENGINE_MUTANT_POLICY", "RULE_MUTANTS", "EngineAudit", "PairResult",

@@ -29,8 +29,9 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from diagnostics.gof import chi_square_gof, detectable_tv
 from diagnostics.audit.rule_level import DETECTION_POWER, holm
+from diagnostics.gof import chi_square_gof, detectable_tv
+from diagnostics.inspection import teacher_forced_laws
 
 Generator = Callable[[list[int], int], list[int]]
 PIT_BINS = 20
@@ -88,18 +89,6 @@ class EngineAudit:
         payload = asdict(self)
         payload["reasons"] = self.reasons
         return payload
-
-
-@torch.inference_mode()
-def teacher_forced_laws(target, prompt_ids: list[int], tokens: list[int], policy) -> torch.Tensor:
-    """``p_t(· | prompt, y_<t)`` for every emitted position, from one plain cache-free forward."""
-    from diagnostics.drafters import fit_vocabulary
-    from diagnostics.policy import probabilities
-
-    ids = torch.tensor([list(prompt_ids) + list(tokens)], device=target.device)
-    logits = target.model(input_ids=ids, use_cache=False).logits[0].float().cpu()
-    start = len(prompt_ids) - 1
-    return probabilities(fit_vocabulary(logits[start : start + len(tokens)], target.vocab_size), policy)
 
 
 def randomized_pit(law: torch.Tensor, token: int, generator: torch.Generator) -> float:
@@ -165,7 +154,7 @@ def audit_generator(
                 break
         if not tokens:
             continue
-        laws = teacher_forced_laws(target, prompt_ids, tokens, policy)
+        laws = teacher_forced_laws(target, prompt_ids, tokens, policy)  # the last row (after every token) is unused
         for position, (law, token) in enumerate(zip(laws, tokens)):
             if not 0 <= token < law.numel() or law[token] <= 0:
                 impossible += 1

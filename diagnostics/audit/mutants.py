@@ -63,16 +63,16 @@ def _temperature_one_side(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor
     return _lossless_step(hot, q, drafts, generator)
 
 
-def _padded_vocabulary(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    # The residual is drawn over a head padded to a multiple of 64 whose padding keeps a little
-    # mass (logits 0 instead of −inf): now and then an id past the vocabulary comes out.
+def _padded_residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    # The residual over a head padded to a multiple of 64 whose padding keeps a little mass
+    # (logits 0 instead of −inf): now and then an id past the vocabulary comes out.
     residual = normalise_or((p - q).clamp(min=0.0), p)
     padding = torch.full((64 - p.numel() % 64 or 64,), 1e-3, dtype=residual.dtype)
-    padded = torch.cat([residual, padding])
-    accept = torch.where(q[drafts] > 0, (p[drafts] / q[drafts]).clamp(max=1.0), torch.ones(()))
-    coins = torch.rand(drafts.shape, generator=generator, dtype=torch.float64)
-    fallback = sample_inverse_cdf(padded, torch.rand(drafts.shape, generator=generator, dtype=torch.float64))
-    return torch.where(coins < accept, drafts, fallback)
+    return torch.cat([residual, padding])
+
+
+def _padded_vocabulary(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    return _lossless_step(p, q, drafts, generator, residual=_padded_residual)
 
 
 RULE_MUTANTS: dict[str, tuple[str, Verify]] = {

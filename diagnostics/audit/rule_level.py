@@ -119,7 +119,6 @@ def battery(vocab: int = 12, seed: int = 0, extra: list[tuple[str, torch.Tensor,
     return pairs + list(extra or [])
 
 
-@torch.inference_mode()
 def model_pairs(target, draft, prompt_ids: list[int], tokens: list[int], count: int = 3,
                 policy=None, draft_policy=None) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
     """``count`` real positions: ``p`` of ``target`` and ``q`` of ``draft`` (full vocabulary, after
@@ -128,17 +127,12 @@ def model_pairs(target, draft, prompt_ids: list[int], tokens: list[int], count: 
     Picks the positions where the draft is farthest from the target (largest TV(p, q) below 0.9)
     and the median one: where a wrong rule shows most, and a typical position.
     """
-    from diagnostics.drafters import fit_vocabulary
-    from diagnostics.policy import Policy, probabilities
+    from diagnostics.inspection import teacher_forced_laws
+    from diagnostics.policy import Policy
 
     policy = policy or Policy()
-    ids = torch.tensor([list(prompt_ids) + list(tokens)], device=target.device)
-    start = len(prompt_ids) - 1
-    laws = []
-    for model, model_policy in ((target, policy), (draft, draft_policy or policy)):
-        logits = model.model(input_ids=ids, use_cache=False).logits[0].float().cpu()[start : start + len(tokens)]
-        laws.append(probabilities(fit_vocabulary(logits, target.vocab_size), model_policy))
-    p_rows, q_rows = laws
+    p_rows = teacher_forced_laws(target, prompt_ids, tokens, policy)[:-1]
+    q_rows = teacher_forced_laws(draft, prompt_ids, tokens, draft_policy or policy, target.vocab_size)[:-1]
     distance = total_variation(p_rows, q_rows)
     order = torch.argsort(distance, descending=True).tolist()
     # A position with TV(p, q) near 1 never accepts (its output is a plain draw from p): it tests
