@@ -295,8 +295,8 @@ def _setup(args: argparse.Namespace):
     return model_setup(args.target, layer=args.early_exit, prompt=args.prompt or DEFAULT_PROMPT)
 
 
-def _progress(label: str, enabled: bool = True):
-    if not enabled or not sys.stderr.isatty():
+def _progress(label: str):
+    if not sys.stderr.isatty():
         return None
 
     def report(done: int, total: int) -> None:
@@ -306,18 +306,15 @@ def _progress(label: str, enabled: bool = True):
 
 
 def _audit_engine(args: argparse.Namespace, implementation: str, setup=None) -> dict:
-    from diagnostics.audit.suite import TINY, run_engine_audit
+    from diagnostics.audit.suite import MODEL_BUDGET, TINY, TINY_BUDGET, check_budget, run_engine_audit
 
-    tiny = args.target == TINY
-    for name in ("generations", "max_new_tokens"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
-    setup = setup or _setup(args)
+    default_generations, default_tokens = TINY_BUDGET if args.target == TINY else MODEL_BUDGET
+    generations = default_generations if args.generations is None else args.generations
+    max_new_tokens = default_tokens if args.max_new_tokens is None else args.max_new_tokens
+    check_budget(generations, max_new_tokens, args.gamma)  # before loading any model
     result = run_engine_audit(
-        implementation, setup, generations=(800 if tiny else 40) if args.generations is None else args.generations,
-        max_new_tokens=(12 if tiny else 16) if args.max_new_tokens is None else args.max_new_tokens,
-        gamma=args.gamma, policy=_policy(args),
-        level=args.level, first_seed=args.seed, progress=_progress(implementation),
+        implementation, setup or _setup(args), generations=generations, max_new_tokens=max_new_tokens,
+        gamma=args.gamma, policy=_policy(args), level=args.level, first_seed=args.seed, progress=_progress(implementation),
     )
     return result.as_dict()
 

@@ -172,16 +172,6 @@ def test_audit_command_on_a_recorded_run(tmp_path, capsys) -> None:
     assert main(["audit", "--run", "nope", "--db", str(store.path)]) == 2
 
 
-ENGINE_SEEDS = range(800)
-
-
-@pytest.fixture(scope="module")
-def tiny_pair():
-    from tiny_models import tiny_llama
-
-    return tiny_llama(0, vocab=12, sharpness=2.0), tiny_llama(1, vocab=12, sharpness=2.0)
-
-
 @pytest.mark.parametrize("first_seed", [0, 10_000])
 def test_engine_audit_passes_our_engine_on_several_seed_ranges(first_seed: int) -> None:
     from diagnostics.audit.suite import run_engine_audit, tiny_setup
@@ -229,14 +219,12 @@ def test_engine_level_mutants_are_also_caught_in_a_recorded_run(tmp_path) -> Non
         assert result.verdict == "fail", (name, result.flags)
 
 
-def test_engine_audit_of_transformers_assisted_generation(tiny_pair) -> None:
+def test_engine_audit_of_transformers_assisted_generation() -> None:
     """transformers `generate(assistant_model=…, do_sample=True)` on tiny models: the assistant samples
     with the main generation config and verification uses its processed scores, so it passes."""
-    from diagnostics.audit import audit_generator, transformers_generator
+    from diagnostics.audit.suite import run_engine_audit, tiny_setup
 
-    target, draft = tiny_pair
-    generator = transformers_generator(target, draft, 12, num_assistant_tokens=3, num_assistant_tokens_schedule="constant")
-    result = audit_generator(generator, target, [1, 2, 3, 4, 1, 2, 3], ENGINE_SEEDS, eos={11})
+    result = run_engine_audit("transformers", tiny_setup(), generations=800)
     assert result.verdict == "pass" and result.impossible == 0, result
     assert result.tokens > 5000 and result.detectable_tv < 0.05
 

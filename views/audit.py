@@ -8,7 +8,9 @@ from diagnostics.audit import audit_recorded_run
 from diagnostics.audit.reporting import json_safe, pair_rows, summary_line, worst_position_rows
 from diagnostics.audit.suite import (
     ENGINE_IMPLEMENTATIONS,
+    MODEL_BUDGET,
     RULE_IMPLEMENTATIONS,
+    TINY_BUDGET,
     AuditError,
     describe,
     model_setup,
@@ -84,8 +86,9 @@ with st.expander("New audit", expanded=store.list_audits().empty):
                               key="audit_models")
             tiny = models.startswith("tiny")
             left, middle, right = st.columns(3)
-            generations = left.number_input("Generations", 10, 5_000, 800 if tiny else 40, key=f"audit_generations_{tiny}")
-            max_new = middle.number_input("Tokens per generation", 1, 64, 12 if tiny else 16, key=f"audit_tokens_{tiny}")
+            default_generations, default_tokens = TINY_BUDGET if tiny else MODEL_BUDGET
+            generations = left.number_input("Generations", 10, 5_000, default_generations, key=f"audit_generations_{tiny}")
+            max_new = middle.number_input("Tokens per generation", 1, 64, default_tokens, key=f"audit_tokens_{tiny}")
             gamma = right.number_input("γ (draft tokens per block)", 1, 8, 3, key="audit_gamma")
             if st.button("Run the engine-level audit", type="primary", key="audit_engine_go"):
                 setup = _tiny() if tiny else _real(default_target())

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from diagnostics.audit.engine_level import EngineAudit, audit_generator, engine_generator, transformers_generator
 from diagnostics.audit.mutants import ENGINE_MUTANT_POLICY, ENGINE_MUTANTS, RULE_MUTANTS
 from diagnostics.audit.rule_level import RuleAudit, audit_rule, battery, model_pairs, rule_adapter, transformers_adapter
+from diagnostics.engine import CORRECT
 from diagnostics.policy import Policy
 
 RULE_IMPLEMENTATIONS = ["ours", "transformers", *RULE_MUTANTS]
@@ -25,8 +26,19 @@ DEFAULT_PROMPT = "Tell me a short story about a robot who learns to paint."
 DEFAULT_EARLY_EXIT_LAYER = 26  # the Run page's default draft for the embedded model
 
 
+# (generations, tokens per generation): seconds on the tiny models, about a minute on the embedded one.
+TINY_BUDGET = (800, 12)
+MODEL_BUDGET = (40, 16)
+
+
 class AuditError(ValueError):
     """An audit cannot run as asked; the message says what to change."""
+
+
+def check_budget(generations: int, max_new_tokens: int, gamma: int) -> None:
+    """Refuse an empty engine audit (callers check before loading any model)."""
+    if generations < 1 or max_new_tokens < 1 or gamma < 1:
+        raise AuditError("--generations, --max-new-tokens and --gamma must all be at least 1")
 
 
 def describe(implementation: str) -> str:
@@ -96,12 +108,11 @@ def model_setup(target_spec: str = "default", layer: int | None = None, prompt: 
                        {"target": target.name, "draft": draft.name, "prompt": prompt})
 
 
-def run_engine_audit(implementation: str, setup: EngineSetup, generations: int = 800, max_new_tokens: int = 12,
+def run_engine_audit(implementation: str, setup: EngineSetup, generations: int = TINY_BUDGET[0], max_new_tokens: int = TINY_BUDGET[1],
                      gamma: int = 3, policy: Policy | None = None, level: float = 0.01, first_seed: int = 0,
                      progress: Callable[[int, int], None] | None = None) -> EngineAudit:
     """Seeded generations ``first_seed … first_seed + generations − 1`` of a named generator, audited."""
-    if generations < 1 or max_new_tokens < 1 or gamma < 1:
-        raise AuditError("--generations, --max-new-tokens and --gamma must all be at least 1")
+    check_budget(generations, max_new_tokens, gamma)
     if not 0 < level < 1:
         raise AuditError(f"--level must lie in (0, 1), got {level}")
     if implementation not in ENGINE_IMPLEMENTATIONS:
@@ -113,10 +124,9 @@ def run_engine_audit(implementation: str, setup: EngineSetup, generations: int =
         generator = transformers_generator(setup.target, setup.draft, max_new_tokens, policy=policy,
                                            num_assistant_tokens=gamma, num_assistant_tokens_schedule="constant")
     else:
-        seams = ENGINE_MUTANTS[implementation][1] if implementation in ENGINE_MUTANTS else None
-        extra = {"seams": seams} if seams is not None else {}
+        seams = ENGINE_MUTANTS[implementation][1] if implementation in ENGINE_MUTANTS else CORRECT
         generator = engine_generator(setup.target, setup.draft, max_new_tokens, policy=policy, gamma=gamma,
-                                     eos_token_id=sorted(setup.eos), **extra)
+                                     eos_token_id=sorted(setup.eos), seams=seams)
     name = {"ours": "ours (lossless engine)", "transformers": "transformers generate(assistant_model, do_sample=True)"}.get(
         implementation, f"planted:{implementation}")
     settings = dict(setup.description, implementation=implementation, gamma=gamma, max_new_tokens=max_new_tokens,
