@@ -52,20 +52,38 @@ def teacher_forced_laws(loaded: LoadedModel, prompt_ids: list[int], tokens: list
     return probabilities(fit_vocabulary(logits, vocab or loaded.vocab_size), policy)
 
 
-def exact_laws(run: dict[str, Any], record: dict[str, Any], target: LoadedModel) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``p`` and ``q`` at a recorded position, recomputed on the committed prefix."""
+def draft_model(run: dict[str, Any], target: LoadedModel) -> LoadedModel | None:
+    """The run's draft model (``None`` for an n-gram draft); local files only, never the network."""
+    draft = parse_draft(run["draft"])
+    if draft.kind == "ngram":
+        return None
+    if draft.kind == "early-exit":
+        return early_exit_model(target, int(draft.value))
+    return load_model(draft.value, device=target.device, local_only=True)
+
+
+_LOAD = object()  # exact_laws' default: load the run's draft model itself
+
+
+def exact_laws(run: dict[str, Any], record: dict[str, Any], target: LoadedModel,
+               drafter: Any = _LOAD) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``p`` and ``q`` at a recorded position, recomputed on the committed prefix.
+
+    ``drafter``: the run's ``draft_model`` when the caller already has it (an audit visiting every
+    position loads it once); by default it is loaded here.
+    """
     tokens = list(run["tokens"] or [])
     prefix = list(run["prompt_ids"]) + tokens[: int(record["position"])]
     vocab = target.vocab_size
     p_target = teacher_forced_laws(target, prefix, [], _policy(run["policy"]), vocab)[0]
     if record["kind"] == "bonus" or record.get("draft_token") is None:
         return p_target, None
-    draft = parse_draft(run["draft"])
-    if draft.kind == "ngram":
+    if drafter is _LOAD:
+        drafter = draft_model(run, target)
+    if drafter is None:  # n-gram: a point mass on the drafted token
         q_draft = torch.zeros(vocab, dtype=torch.float64)
         q_draft[int(record["draft_token"])] = 1.0
         return p_target, q_draft
-    drafter = early_exit_model(target, int(draft.value)) if draft.kind == "early-exit" else load_model(draft.value, device=target.device, local_only=True)
     return p_target, teacher_forced_laws(drafter, prefix, [], _policy(run["draft_policy"]), vocab)[0]
 
 

@@ -45,7 +45,7 @@ def audit_recorded_run(store, run_id: str, target=None, z_limit: float = 4.0, p_
     ``p`` and ``q`` recomputed by plain forwards on the committed prefix must reproduce the
     recorded ``a(x)``, top-k of ``p``, draft, fallback and bonus tokens from the stored uniforms.
     """
-    from diagnostics.inspection import exact_laws
+    from diagnostics.inspection import draft_model, exact_laws
 
     run = store.get_run(run_id)
     if run is None:
@@ -60,6 +60,7 @@ def audit_recorded_run(store, run_id: str, target=None, z_limit: float = 4.0, p_
     def present(value) -> bool:
         return value is not None and value == value
 
+    drafter = draft_model(run, target) if target is not None else None  # loaded once, not per position
     accepted = 0
     alpha_sum = variance = 0.0
     max_difference = None
@@ -80,7 +81,7 @@ def audit_recorded_run(store, run_id: str, target=None, z_limit: float = 4.0, p_
                 variance += record["alpha"] * (1 - record["alpha"])
         if target is None:
             continue
-        p_target, q_draft = exact_laws(run, record, target)
+        p_target, q_draft = exact_laws(run, record, target, drafter)
         top_ids = [int(token) for token in record["p_top_ids"]]
         difference = float((p_target[top_ids] - torch.tensor(list(record["p_top_probs"]), dtype=torch.float64)).abs().max())
         max_difference = difference if max_difference is None else max(max_difference, difference)
