@@ -7,6 +7,7 @@ import streamlit as st
 from diagnostics import __version__
 from diagnostics import charts, inspection  # noqa: F401 - imported once per server, not on a page's first visit
 from diagnostics.store import default_db_path
+from views.common import md
 
 st.set_page_config(page_title="Speculative decoding verification lab", page_icon="🔬", layout="wide")
 
@@ -27,5 +28,5 @@ else:
     pages = [run_page, inspect_page, compare_page, playground_page, audit_page, runs_page]
 
 navigation = st.navigation(pages)
-st.sidebar.caption(f"spec-verify-lab {__version__} · runs in {st.session_state.get('shared_db') or default_db_path()}")
+st.sidebar.caption(f"spec-verify-lab {__version__} · runs in " + md("{path}", path=st.session_state.get("shared_db") or default_db_path()))
 navigation.run()

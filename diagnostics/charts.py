@@ -14,6 +14,7 @@ import torch
 
 from diagnostics.explain import StepView
 from diagnostics.sweep import Sweep
+from diagnostics.untrusted import visible
 
 COLORS = {
     "p": "#1f77b4",  # target
@@ -31,10 +32,7 @@ RULE_COLORS = ["#d62728", "#9467bd", "#1f77b4", "#2ca02c", "#8c564b", "#e377c2",
 
 def safe_label(text: str, limit: int = 40) -> str:
     """Token text made safe for a chart: control characters shown as escapes, HTML escaped, cut to ``limit``."""
-    visible = text.encode("unicode_escape").decode("ascii") if not text.isprintable() else text
-    if len(visible) > limit:
-        visible = visible[: limit - 1] + "…"
-    return html.escape(visible, quote=True)
+    return html.escape(visible(text, limit=limit), quote=True)
 
 
 def _top_tokens(view: StepView, top_n: int) -> list[int]:
@@ -70,13 +68,13 @@ def law_figure(view: StepView, top_n: int = 30, show_fallback: bool = False) -> 
         ("fallback f", view.fallback, COLORS["fallback"], True if show_fallback else "legendonly"),
     ]
     accept = values(view.accept)
-    for name, tensor, color, visible in series:
+    for name, tensor, color, shown in series:
         figure.add_bar(
             name=name,
             x=labels,
             y=values(tensor),
             marker_color=color,
-            visible=visible,
+            visible=shown,
             customdata=accept,
             hovertemplate=f"%{{x}}<br>{name} = %{{y:.4f}}<br>a(v) = %{{customdata:.3f}}<extra></extra>",
         )

@@ -16,6 +16,16 @@ from typing import Any
 DEFAULT_EARLY_EXIT = "early-exit:26"
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the project's error contract: one line ``error: …`` and exit status 2
+    (argparse's own prints the whole usage first)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        from diagnostics.untrusted import visible
+
+        self.exit(2, f"error: {visible(message)} (see {self.prog} --help)\n")
+
+
 def _add_generation_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt", required=True, help="the user message (chat template applied unless --raw)")
     parser.add_argument("--target", default="default", help="'default' (embedded SmolLM2-135M-Instruct), a hub id or a local path")
@@ -41,7 +51,7 @@ def _add_generation_options(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m diagnostics", description="Speculative-decoding verification lab")
+    parser = _Parser(prog="python -m diagnostics", description="Speculative-decoding verification lab")
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="generate once with a verification rule and record every position")
     _add_generation_options(run)
@@ -83,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--level", type=float, default=0.01, help="family-wise false-alarm rate of a correct implementation (default 0.01)")
     audit.add_argument("--seed", type=int, default=0)
     audit.add_argument("--run", default=None, help="audit a recorded run instead: replay every decision (with --db)")
+    audit.add_argument("--load-models", action="store_true",
+                       help="with --run: load the models the run names (local files only) to recompute p; without it, only "
+                            "the embedded default is loaded, since a shared database can name any folder")
     audit.add_argument("--all", action="store_true", help="every implementation and planted bug at its layer; prints a table on stderr")
     audit.add_argument("--save", action="store_true", help="store the audit(s) in the database (shown on the Audit page and in reports)")
     audit.add_argument("--db", default=None, help="DuckDB file (default $SPECLAB_DB or data/runs.duckdb)")
@@ -243,10 +256,18 @@ def _command_report(args: argparse.Namespace) -> int:
     from diagnostics.report import build_report
     from diagnostics.store import Store
 
+    output = Path(args.output).expanduser()
+    if output.is_dir():
+        raise ValueError(f"{output} is a folder; give -o a file name, e.g. {output / 'report.html'}")
+    if not output.parent.is_dir():
+        raise ValueError(f"the folder {output.parent} does not exist; create it, or give -o a path in an existing folder")
     store = Store(args.db, read_only=True)
-    text = build_report(store, args.run_ids, args.audit)
-    Path(args.output).write_text(text, encoding="utf-8")
-    print(json.dumps({"report": str(Path(args.output).resolve()), "runs": args.run_ids, "audits": args.audit,
+    text = build_report(store, args.run_ids, args.audit)  # built before the file is opened: no half-written report
+    try:
+        output.write_text(text, encoding="utf-8")
+    except OSError as error:
+        raise ValueError(f"cannot write {output}: {error.strerror or error}") from None
+    print(json.dumps({"report": str(output.resolve()), "runs": args.run_ids, "audits": args.audit,
                       "bytes": len(text.encode())}))
     return 0
 
@@ -257,6 +278,10 @@ def _command_audit(args: argparse.Namespace) -> int:
 
     if sum(bool(value) for value in (args.run, args.engine, args.all)) > 1:
         raise AuditError("choose one of --run, --engine and --all")
+    if args.real_positions < 0:
+        raise AuditError(f"--real-positions must be >= 0 (real positions to add to the battery), got {args.real_positions}")
+    if args.early_exit is not None and args.early_exit < 1:
+        raise AuditError(f"--early-exit must be >= 1 (the draft's layers), got {args.early_exit}")
     if args.run:
         results = [_audit_recorded(args)]
     elif args.engine:
@@ -342,18 +367,26 @@ def _audit_all(args: argparse.Namespace) -> list[dict]:
 
 def _audit_recorded(args: argparse.Namespace) -> dict:
     from diagnostics.audit import audit_recorded_run
-    from diagnostics.inspection import target_spec
+    from diagnostics.inspection import models_to_load, target_spec
     from diagnostics.models import ModelError, load_model
     from diagnostics.store import Store
+    from diagnostics.untrusted import visible
 
     store = Store(args.db, read_only=True)
     run = store.get_run(args.run)
     if run is None:
         raise ValueError(f"there is no run {args.run!r} in {store.path}")
-    try:
-        target = load_model(target_spec(run), local_only=True)
-    except ModelError:
-        target = None  # replay and flags only; said in the output
+    target = None
+    named = models_to_load(run)
+    if named and not args.load_models:
+        # A database (maybe a colleague's) names these; loading them is the user's call.
+        print(f"note: p is not recomputed: the run names {', '.join(visible(name, limit=200) for name in named)}; "
+              "pass --load-models to load it from this machine (never from the network)", file=sys.stderr)
+    else:
+        try:
+            target = load_model(target_spec(run), local_only=True)
+        except ModelError as error:
+            print(f"note: p is not recomputed: {visible(error)}", file=sys.stderr)  # replay and flags only
     payload = audit_recorded_run(store, args.run, target).as_dict()
     payload["p_recomputed"] = target is not None
     return payload
@@ -382,7 +415,10 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_bench(args)
     except (RuleError, PolicyError, ModelError, EngineError, StoreError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
+        from diagnostics.untrusted import visible
+
+        # One line, whatever the message quotes (a file's rule spec, a path): escapes shown, not run.
+        print(f"error: {visible(error, limit=2000)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted: what was recorded is kept and the run is marked 'interrupted'", file=sys.stderr)

@@ -16,6 +16,7 @@ position drawn from ``p``.
 
 from __future__ import annotations
 
+import operator
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -254,7 +255,7 @@ def generate(
     policy = Policy(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, eta=eta)
     draft_policy = draft_policy or policy
     prompt = [int(token) for token in (prompt_ids.reshape(-1).tolist() if isinstance(prompt_ids, torch.Tensor) else prompt_ids)]
-    _check_settings(loaded, prompt, gamma, max_new_tokens, int(seed), top_k_record)
+    check_settings(loaded, prompt, gamma, max_new_tokens, int(seed), top_k_record)
     drafter = make_drafter(draft, loaded, draft_policy)
     vocab = loaded.vocab_size
     eos = _eos_ids(loaded, eos_token_id)
@@ -432,23 +433,52 @@ def _block_records(
     return records
 
 
-def _check_settings(loaded: LoadedModel, prompt: list[int], gamma: int, max_new_tokens: int, seed: int, top_k_record: int) -> None:
+# Hard limits whatever the model: they fit the store's INTEGER and BIGINT columns, and a model
+# with no stated context cannot take more anyway.
+MAX_GAMMA = 1024
+MAX_NEW_TOKENS = 1_000_000
+MAX_SEED = 2**63 - 1
+
+
+def _whole(name: str, value: object, low: int, high: int, hint: str) -> int:
+    try:
+        value = operator.index(value)  # int, numpy integers; not floats or bools' strings
+    except TypeError:
+        raise EngineError(f"{name} must be a whole number, got {value!r}") from None
+    if not low <= value <= high:
+        raise EngineError(f"{name} must lie in [{low}, {high:,}] ({hint}), got {value:,}")
+    return value
+
+
+def check_numbers(gamma: int, max_new_tokens: int, seed: int, top_k_record: int) -> None:
+    """γ, the token budget, the seed and the recorded top-k are whole numbers in range."""
+    _whole("gamma", gamma, 0, MAX_GAMMA, "draft tokens per block")
+    _whole("max-new-tokens", max_new_tokens, 1, MAX_NEW_TOKENS, "the token budget")
+    _whole("seed", seed, 0, MAX_SEED, "the run's random stream")
+    _whole("the recorded top-k", top_k_record, 1, 100_000, "top tokens of p and q stored per position")
+
+
+def check_settings(loaded: LoadedModel, prompt: list[int], gamma: int, max_new_tokens: int, seed: int, top_k_record: int) -> None:
+    """Everything ``generate`` checks before any model work: ranges of γ, the token budget, the
+    seed and the recorded top-k, and that prompt + budget + γ fit the target's context. Callers
+    that record a run call it first, so a run that cannot start leaves nothing behind."""
     if not prompt:
         raise EngineError("the prompt is empty; give at least one token")
-    if gamma < 0:
-        raise EngineError(f"gamma must be >= 0 (draft tokens per block), got {gamma}")
-    if max_new_tokens < 1:
-        raise EngineError(f"max-new-tokens must be >= 1, got {max_new_tokens}")
-    if seed < 0:
-        raise EngineError(f"seed must be >= 0, got {seed}")
-    if top_k_record < 1:
-        raise EngineError(f"the recorded top-k must be >= 1, got {top_k_record}")
-    limit = getattr(loaded.model.config, "max_position_embeddings", None)
-    if limit is not None and len(prompt) + max_new_tokens + gamma + 1 > limit:
-        raise EngineError(
-            f"prompt ({len(prompt)} tokens) + max-new-tokens ({max_new_tokens}) exceeds the target's "
-            f"context of {limit} tokens; shorten the prompt or lower max-new-tokens"
-        )
+    check_numbers(gamma, max_new_tokens, seed, top_k_record)
+    limit = getattr(getattr(loaded.model, "config", None), "max_position_embeddings", None)
+    if limit is not None:
+        if len(prompt) + gamma + 2 > limit:
+            what = "gamma" if gamma >= len(prompt) else "the prompt"
+            raise EngineError(
+                f"{what} does not fit the target's context of {limit:,} tokens: the prompt has {len(prompt):,} tokens "
+                f"and gamma is {gamma:,}; " + ("lower gamma" if what == "gamma" else "shorten the prompt")
+            )
+        if len(prompt) + max_new_tokens + gamma + 1 > limit:
+            room = limit - len(prompt) - gamma - 1
+            raise EngineError(
+                f"max-new-tokens {max_new_tokens:,} does not fit the target's context of {limit:,} tokens "
+                f"(prompt {len(prompt):,} tokens, gamma {gamma:,}): use at most {room:,}, or shorten the prompt"
+            )
     vocab = loaded.vocab_size
     if any(token < 0 or token >= vocab for token in prompt):
         raise EngineError(f"prompt token ids must lie in [0, {vocab})")

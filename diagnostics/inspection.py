@@ -34,6 +34,17 @@ def target_spec(run: dict[str, Any]) -> str:
     return "default" if run["target"] == EMBEDDED_NAME else str(run["target"])
 
 
+def models_to_load(run: dict[str, Any], trusted: tuple[str, ...] = ("default",)) -> list[str]:
+    """The models (paths or hub ids) that recomputing a run's laws would load, except ``trusted``
+    ones (the embedded default, the app's configured target). A runs file, maybe a colleague's,
+    chooses these names: a caller loads them only after the user says so."""
+    named = [target_spec(run)]
+    draft = str(run.get("draft") or "")
+    if draft.startswith("model:"):
+        named.append(draft.partition(":")[2].strip())
+    return [name for name in dict.fromkeys(named) if name not in trusted]
+
+
 def _policy(text: str | None) -> Policy:
     return Policy(**json.loads(text)) if text else Policy()
 
@@ -72,8 +83,12 @@ def exact_laws(run: dict[str, Any], record: dict[str, Any], target: LoadedModel,
     ``drafter``: the run's ``draft_model`` when the caller already has it (an audit visiting every
     position loads it once); by default it is loaded here.
     """
+    if run.get("prompt_ids") is None:
+        raise ValueError("the run has no stored prompt ids")
     tokens = list(run["tokens"] or [])
     prefix = list(run["prompt_ids"]) + tokens[: int(record["position"])]
+    if max(prefix, default=0) >= target.vocab_size or (record.get("draft_token") or 0) >= target.vocab_size:
+        raise ValueError(f"the run has token ids outside this target's vocabulary of {target.vocab_size}")
     vocab = target.vocab_size
     p_target = teacher_forced_laws(target, prefix, [], _policy(run["policy"]), vocab)[0]
     if record["kind"] == "bonus" or record.get("draft_token") is None:
@@ -124,7 +139,7 @@ def position_view(run: dict[str, Any], record: dict[str, Any], target: LoadedMod
             view = explain_step(rule, p_target, q_draft, _lazy_labels(p_target.numel(), decode))
             return PositionView(view, True, "exact: p and q recomputed by forward passes on the committed prefix")
         except (ModelError, OSError, ValueError) as error:
-            note = f"models not available here ({error}); rebuilt from the stored top-k"
+            note = f"exact laws not available ({str(error).splitlines()[0]}); rebuilt from the stored top-k"
     else:
         note = "rebuilt from the stored top-20 of p and q; the last bar lumps the tail"
     p_target, q_draft, ids = stored_laws(record)

@@ -157,6 +157,7 @@ def load_model(
         local = Path(spec).expanduser()
         if spec.startswith((".", "/", "~")) and not local.exists():
             raise ModelError(f"no model folder at {local}")
+        check_model_folder(local)
         try:
             tokenizer = AutoTokenizer.from_pretrained(spec, trust_remote_code=trust_remote_code, local_files_only=local_only)
             model = AutoModelForCausalLM.from_pretrained(spec, dtype=torch_dtype, trust_remote_code=trust_remote_code,
@@ -171,6 +172,38 @@ def load_model(
         name = spec
     model = model.to(target_device).eval()
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, device=target_device)
+
+
+MODEL_FOLDER_HINT = ("a model folder holds config.json, the tokenizer files (tokenizer.json or tokenizer.model) and "
+                     "the weights (*.safetensors or pytorch_model.bin), as save_pretrained writes them")
+
+
+def check_model_folder(local: Path) -> None:
+    """A local path given as a model must be a model folder; say what one looks like when it is not.
+    (A path that does not exist is left to the hub-id lookup.)"""
+    if local.is_file():
+        raise ModelError(f"{local} is a file, not a model folder; pass a model folder or a .gguf file ({MODEL_FOLDER_HINT})")
+    if local.is_dir() and not (local / "config.json").is_file():
+        raise ModelError(f"{local} is not a model folder: it has no config.json ({MODEL_FOLDER_HINT})")
+
+
+EMBEDDED_LAYERS = 30  # SmolLM2-135M-Instruct's decoder layers
+
+
+def layer_count(spec: str) -> int | None:
+    """Decoder layers of a target without loading it: the embedded model's, or ``num_hidden_layers``
+    from a local folder's config.json (read as data, no model code runs); ``None`` when unknown."""
+    import json
+
+    spec = (spec or "").strip()
+    if spec == DEFAULT_TARGET:
+        return EMBEDDED_LAYERS
+    config = Path(spec).expanduser() / "config.json"
+    try:
+        layers = json.loads(config.read_text(encoding="utf-8")).get("num_hidden_layers")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return layers if isinstance(layers, int) and layers > 0 else None
 
 
 def wrap_model(model: Any, tokenizer: Any = None, name: str | None = None) -> LoadedModel:

@@ -22,6 +22,11 @@ from dataclasses import asdict, dataclass
 import torch
 
 
+# Logits are float32 (at most about 3.4e38): dividing logits as large as 1e8 by a temperature
+# below this would overflow to inf and the softmax to NaN. Smaller temperatures are refused.
+MIN_TEMPERATURE = 1e-30
+
+
 class PolicyError(ValueError):
     """An impossible policy parameter; the message says which and what is allowed."""
 
@@ -41,6 +46,11 @@ class Policy:
             raise PolicyError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
         if self.temperature < 0:
             raise PolicyError(f"temperature must be >= 0 (0 means greedy), got {self.temperature}")
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            raise PolicyError(
+                f"temperature {self.temperature:g} is too small to compute: logits / T overflow float32; "
+                f"use 0 for greedy decoding (the limit T → 0), or a temperature >= {MIN_TEMPERATURE:g}"
+            )
         if self.top_k is not None and (int(self.top_k) != self.top_k or self.top_k < 1):
             raise PolicyError(f"top_k must be a whole number >= 1, got {self.top_k}")
         if self.top_p is not None and not (0.0 < self.top_p <= 1.0):

@@ -19,6 +19,7 @@ from diagnostics.audit.reporting import pair_rows, worst_position_rows
 from diagnostics.charts import audit_figure, token_strip_html, tracks_figure
 from diagnostics.metrics import log_likelihood
 from diagnostics.store import Store, StoreError
+from diagnostics.untrusted import visible
 
 SUMMARY_FIELDS = [
     ("acceptance rate", "acceptance_rate", "accepted drafts / drafted tokens"),
@@ -31,21 +32,26 @@ SUMMARY_FIELDS = [
 ]
 
 
+def _text(value: Any, keep: str = "") -> str:
+    """Untrusted text for HTML: control and format characters shown as escapes, then HTML-escaped."""
+    return html.escape(visible(value, keep=keep))
+
+
 def _number(value: Any) -> str:
     if value is None or (isinstance(value, float) and value != value):
         return "–"
     if isinstance(value, float):
         return f"{value:.4f}"
-    return html.escape(str(value))
+    return _text(value)
 
 
 def _reproduce(run: dict[str, Any]) -> str:
-    policy = json.loads(run["policy"] or "{}")
+    policy = json.loads(run["policy"] or "{}")  # checked JSON: a shared file is validated when opened
     flags = [f"--temperature {policy.get('temperature', 1.0)}"]
     for key in ("top_k", "top_p", "min_p", "eta"):
         if policy.get(key) is not None:
             flags.append(f"--{key.replace('_', '-')} {policy[key]}")
-    target = "default" if run["target"].startswith("SmolLM2-135M-Instruct (embedded") else run["target"]
+    target = "default" if str(run["target"]).startswith("SmolLM2-135M-Instruct (embedded") else run["target"]
     draft = run["draft"] if run["draft"] and not run["draft"].startswith("none") else "none"
     return (f"python -m diagnostics run --target {target} --draft {draft} --rule {run['rule']} --gamma {run['gamma']} "
             f"--max-new-tokens {run['max_new_tokens']} --seed {run['seed']} {' '.join(flags)}"
@@ -55,7 +61,7 @@ def _reproduce(run: dict[str, Any]) -> str:
 def _table(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return ""
-    header = "".join(f"<th>{html.escape(str(name))}</th>" for name in rows[0])
+    header = "".join(f"<th>{_text(name)}</th>" for name in rows[0])
     body = "".join("<tr>" + "".join(f"<td>{_number(value)}</td>" for value in row.values()) + "</tr>" for row in rows)
     return f"<table><tr>{header}</tr>{body}</table>"
 
@@ -69,11 +75,11 @@ def audit_section(audit: dict[str, Any], index: int) -> str:
     reasons = evidence.get("reasons") or [f"{flag['check']} at position {flag['position']}: {flag['detail']}" for flag in evidence.get("flags", [])[:10]]
     return f"""
 <section class="audit">
-  <h3>{html.escape(str(audit['layer']))} audit · {html.escape(str(audit['implementation']))}
-      <span class="verdict {'fail' if verdict == 'fail' else 'pass'}">{html.escape(verdict.upper())}</span></h3>
-  <p class="meta">audit {html.escape(str(audit['audit_id']))} · {html.escape(str(audit['created']))}</p>
-  <p>{html.escape(str(audit['summary']))}</p>
-  {''.join(f'<p class="reason">{html.escape(str(reason))}</p>' for reason in reasons)}
+  <h3>{_text(audit['layer'])} audit · {_text(audit['implementation'])}
+      <span class="verdict {'fail' if verdict == 'fail' else 'pass'}">{_text(verdict.upper())}</span></h3>
+  <p class="meta">audit {_text(audit['audit_id'])} · {_text(audit['created'])}</p>
+  <p>{_text(audit['summary'])}</p>
+  {''.join(f'<p class="reason">{_text(reason)}</p>' for reason in reasons)}
   {chart}
   {_table(pair_rows(evidence)) if evidence.get('layer') == 'rule' else ''}
   {_table(worst_position_rows(evidence))}
@@ -109,14 +115,14 @@ def build_report(store: Store, run_ids: list[str], audit_ids: list[str] | None =
         figure_html = pio.to_html(figure, include_plotlyjs=False, full_html=False, div_id=f"tracks-{index}") if figure else "<p>No positions.</p>"
         sections.append(f"""
 <section class="run">
-  <h2>{html.escape(run['rule'])} <small>run {html.escape(run['run_id'])} · {html.escape(run['status'])}</small></h2>
-  <p class="meta">draft {html.escape(str(run['draft']))} · γ = {_number(run['gamma'])} · seed {_number(run['seed'])} ·
-     policy {html.escape(run['policy'] or '')} · first divergence from the first run: {_number(divergence)}</p>
+  <h2>{_text(run['rule'])} <small>run {_text(run['run_id'])} · {_text(run['status'])}</small></h2>
+  <p class="meta">target {_text(run['target'])} · draft {_text(run['draft'])} · γ = {_number(run['gamma'])} · seed {_number(run['seed'])} ·
+     policy {_text(run['policy'] or '')} · first divergence from the first run: {_number(divergence)}</p>
   <h3>Output</h3>
   {token_strip_html(records, divergence=divergence)}
   <h3>Per-position tracks</h3>
   {figure_html}
-  <p class="meta">Reproduce: <code>{html.escape(_reproduce(run))}</code></p>
+  <p class="meta">Reproduce: <code>{_text(_reproduce(run))}</code></p>
 </section>""")
     if audits:
         sections.append('<section class="run"><h2>Losslessness audits</h2>'
@@ -124,10 +130,10 @@ def build_report(store: Store, run_ids: list[str], audit_ids: list[str] | None =
                         + "".join(audit_section(audit, index) for index, audit in enumerate(audits)) + "</section>")
     header_cells = "".join(f"<th title='{html.escape(help_)}'>{html.escape(name)}</th>" for name, _, help_ in SUMMARY_FIELDS)
     rows = "".join(
-        f"<tr><td>{html.escape(run['rule'])}</td>" + "".join(f"<td>{_number(run.get(key))}</td>" for _, key, _ in SUMMARY_FIELDS) + "</tr>"
+        f"<tr><td>{_text(run['rule'])}</td>" + "".join(f"<td>{_number(run.get(key))}</td>" for _, key, _ in SUMMARY_FIELDS) + "</tr>"
         for run, _ in runs
     )
-    summary = (f"""<h3>Prompt</h3><pre>{html.escape(runs[0][0]['prompt'] or '')}</pre>
+    summary = (f"""<h3>Prompt</h3><pre>{_text(runs[0][0]['prompt'] or '', keep=chr(10) + chr(9))}</pre>
 <h3>Summary</h3>
 <table><tr><th>rule</th>{header_cells}</tr>{rows}</table>
 <p class="meta">Definitions: hover a column title. TV(a, b) = ½ Σ |a − b|; P is the exact law each token was drawn from.</p>"""
@@ -138,7 +144,7 @@ def build_report(store: Store, run_ids: list[str], audit_ids: list[str] | None =
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta http-equiv="Content-Security-Policy" content="default-src 'none'; script-src 'unsafe-inline' 'unsafe-eval'; style-src 'unsafe-inline'; img-src data:; font-src data:">
-<title>Speculative decoding report: {html.escape(title)}</title>
+<title>Speculative decoding report: {_text(title)}</title>
 <style>
  body {{ font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #1f2328; }}
  table {{ border-collapse: collapse; }} td, th {{ border: 1px solid #d0d7de; padding: 4px 8px; text-align: right; }}
@@ -149,7 +155,7 @@ def build_report(store: Store, run_ids: list[str], audit_ids: list[str] | None =
 <script>{get_plotlyjs()}</script>
 </head><body>
 <h1>Speculative decoding verification report</h1>
-<p class="meta">spec-verify-lab {html.escape(__version__)} · written {created} · {html.escape(str(subject))}</p>
+<p class="meta">spec-verify-lab {html.escape(__version__)} · written {created} · {_text(subject)}</p>
 {summary}
 {''.join(sections)}
 </body></html>

@@ -522,7 +522,18 @@ def get_rule(spec: str | Rule, **params: float) -> Rule:
     missing = [key for key in cls.param_names if key not in values]
     if missing:
         raise RuleError(f"rule {name} needs {', '.join(missing)}: write {_usage(name)}, e.g. {_example(name)}")
-    return cls(**values)
+    try:
+        return cls(**values)
+    except RuleError as error:
+        head, separator, why = str(error).partition(" is out of range: ")
+        if not (separator and arg_text.strip()):
+            raise
+        # Echo what was typed, not its float: "lenience:1e-400" rounds to 0.
+        typed = ",".join(piece.strip() for piece in arg_text.split(","))
+        rounded = [piece for piece in typed.split(",")
+                   if float(piece) == 0 and any(digit in piece.lower().split("e")[0] for digit in "123456789")]
+        note = f" ({rounded[0]} rounds to 0 in double precision)" if rounded else ""
+        raise RuleError(f"{name}:{typed} is out of range: {why}{note}") from None
 
 
 def _example(name: str) -> str:

@@ -10,11 +10,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from diagnostics.engine import CORRECT, EngineError, EngineSeams, PositionRecord, Run, generate
-from diagnostics.models import LoadedModel
+from diagnostics.engine import CORRECT, EngineError, EngineSeams, PositionRecord, Run, check_numbers, check_settings, generate
+from diagnostics.models import LoadedModel, parse_draft
 from diagnostics.policy import Policy
 from diagnostics.rules import get_rule
-from diagnostics.store import RunWriter, Store
+from diagnostics.store import RunWriter, Store, StoreError
 
 
 def encode_prompt(target: LoadedModel, text: str, raw: bool = False) -> list[int]:
@@ -48,10 +48,27 @@ class RunRequest:
     top_k_record: int = 20
 
     def validate(self) -> None:
-        """Cheap checks before any model work: a known rule spec and a non-empty prompt."""
+        """Cheap checks before any model work: a known rule spec and drafter, a non-empty prompt in
+        valid UTF-8, and γ, the token budget, the seed and the recorded top-k in range."""
         get_rule(self.rule)
-        if not self.prompt or not self.prompt.strip():
-            raise EngineError("the prompt is empty; type some text")
+        if self.draft is not None and self.draft.strip().lower() not in ("", "none", "plain"):
+            parse_draft(self.draft)
+        check_prompt_text(self.prompt)
+        check_numbers(self.gamma, self.max_new_tokens, self.seed, self.top_k_record)
+
+
+def check_prompt_text(text: str) -> None:
+    """A prompt must be non-empty text that UTF-8 can encode (a terminal in another encoding
+    hands Python undecodable bytes as lone surrogates, which no tokenizer takes)."""
+    if not isinstance(text, str) or not text.strip():
+        raise EngineError("the prompt is empty; type some text")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        bad = text[error.start]
+        byte = f"byte 0x{ord(bad) - 0xDC00:02x}" if 0xDC80 <= ord(bad) <= 0xDCFF else f"character U+{ord(bad):04X}"
+        raise EngineError(f"the prompt is not valid UTF-8 text ({byte} at character {error.start}); "
+                          "pass it in UTF-8 (check your terminal's or file's encoding)") from None
 
 
 def run_fields(request: RunRequest, target: LoadedModel, prompt_ids: list[int], group_id: str | None = None) -> dict[str, Any]:
@@ -112,6 +129,8 @@ def record_run(
     an error marks the run ``failed`` with its message and is raised again. ``seams``: audits only."""
     request.validate()
     prompt_ids = encode_prompt(target, request.prompt, request.raw)
+    # Everything generate() would refuse is refused here, before the run's row is written.
+    check_settings(target, prompt_ids, request.gamma, request.max_new_tokens, request.seed, request.top_k_record)
     writer = RunWriter(store, run_fields(request, target, prompt_ids, group_id))
     partial: list[PositionRecord] = []
 
@@ -131,16 +150,21 @@ def record_run(
             should_stop=should_stop, seams=seams,
         )
     except Exception as error:
-        writer.finish("failed", error=f"{error.__class__.__name__}: {error}")
+        # Best effort: a full disk may refuse even this; the error itself is raised either way.
+        writer.close_quietly("failed", error=f"{error.__class__.__name__}: {error}")
         raise
     except BaseException:
         # Ctrl-C, or a dashboard rerun stopping the script: keep what was recorded.
         tokens = [record.token for record in partial]
         text = target.tokenizer.decode(tokens) if target.tokenizer is not None else None
-        writer.finish("interrupted", {"tokens": tokens, "n_tokens": len(tokens), "output_text": text,
-                                      "stop_reason": "interrupted"}, error="interrupted by the user")
+        writer.close_quietly("interrupted", {"tokens": tokens, "n_tokens": len(tokens), "output_text": text,
+                                             "stop_reason": "interrupted"}, error="interrupted by the user")
         raise
-    writer.finish(run.status, run_summary(run), error="stopped by the user" if run.status == "interrupted" else None)
+    try:
+        writer.finish(run.status, run_summary(run), error="stopped by the user" if run.status == "interrupted" else None)
+    except StoreError as error:
+        writer.close_quietly("failed", error=f"{error.__class__.__name__}: {error}")
+        raise
     return writer.run_id, run
 
 

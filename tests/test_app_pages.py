@@ -54,7 +54,7 @@ def test_deep_link_opens_inspect(populated) -> None:
 
 def test_deep_link_to_a_missing_run(populated) -> None:
     at = _open(query={"run": "nosuchrun"})
-    assert "There is no run 'nosuchrun'" in at.error[0].value
+    assert "There is no run ` nosuchrun `" in at.error[0].value
 
 
 def test_compare_page_marks_the_divergence(populated) -> None:

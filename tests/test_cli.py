@@ -25,7 +25,10 @@ def tiny_folder(tmp_path_factory) -> str:
 
 
 def _run(capsys, *argv: str) -> tuple[int, list[dict], str]:
-    status = main(list(argv))
+    try:
+        status = main(list(argv))
+    except SystemExit as exit_:  # argparse's own errors (one line too: see cli._Parser)
+        status = exit_.code
     captured = capsys.readouterr()
     lines = [json.loads(line) for line in captured.out.splitlines() if line.strip()]
     return status, lines, captured.err
@@ -68,15 +71,44 @@ def test_rule_lists_split_like_a_person_writes_them() -> None:
         (["--draft", "early-exit:7"], "out of range"),
         (["--temperature", "-1"], "temperature must be >= 0"),
         (["--target", "/no/such/model"], "no model folder"),
-        (["--max-new-tokens", "100000"], "exceeds the target's context"),
+        (["--max-new-tokens", "100000"], "max-new-tokens 100,000 does not fit the target's context of 256 tokens"),
+        # Numbers that overflowed the store's INTEGER/BIGINT columns (a traceback from the INSERT).
+        (["--gamma", "3000000000"], "gamma must lie in [0, 1,024]"),
+        (["--max-new-tokens", "3000000000"], "max-new-tokens must lie in [1, 1,000,000]"),
+        (["--seed", str(2**63)], "seed must lie in [0, 9,223,372,036,854,775,807]"),
+        # gamma is named, not the prompt or the budget.
+        (["--gamma", "1000"], "gamma does not fit the target's context of 256 tokens: the prompt has 2 tokens and gamma is 1,000; lower gamma"),
+        (["--gamma", "x"], "argument --gamma: invalid int value: 'x'"),
+        (["--prompt", "caf\udce9 \udcff"], "the prompt is not valid UTF-8 text (byte 0xe9 at character 3)"),
+        (["--prompt", "w1 " * 400_000], "the prompt does not fit the target's context of 256 tokens: the prompt has 400,000 tokens"),
+        (["--temperature", "1e-300"], "temperature 1e-300 is too small to compute"),
+        (["--rule", "lenience:1e-400"], "lenience:1e-400 is out of range: l must lie in (0, 1]"),
+        (["--top-k", "0"], "top_k must be a whole number >= 1"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(capsys, tiny_folder: str, tmp_path: Path, extra: list[str], fragment: str) -> None:
-    argv = ["run", "--prompt", "w1 w2", "--target", tiny_folder, "--draft", "ngram:2", "--raw",
-            "--db", str(tmp_path / "runs.duckdb"), "--no-progress"]
+    """One line, exit 2, and nothing written: a run that never started leaves no row."""
+    db = tmp_path / "runs.duckdb"
+    argv = ["run", "--prompt", "w1 w2", "--target", tiny_folder, "--draft", "ngram:2", "--raw", "--db", str(db), "--no-progress"]
     status, lines, err = _run(capsys, *argv, *extra)
     assert status == 2 and not lines
-    assert err.startswith("error: ") and fragment in err and err.count("\n") == 1
+    assert err.startswith("error: ") and fragment in err and err.count("\n") == 1, err
+    assert not db.exists() or Store(db).list_runs().empty
+
+
+def test_a_folder_that_holds_no_model_says_what_a_model_folder_is(capsys, tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("not a model")
+    status, _, err = _run(capsys, "run", "--prompt", "hi", "--target", str(tmp_path), "--draft", "none", "--db", str(tmp_path / "r.duckdb"))
+    assert status == 2 and err.count("\n") == 1
+    assert f"{tmp_path} is not a model folder: it has no config.json (a model folder holds config.json, the tokenizer files" in err
+
+
+def test_errors_quoting_hostile_text_print_it_visibly(capsys, tiny_folder: str, tmp_path: Path) -> None:
+    """A message that quotes typed or stored text never sends raw escape sequences to the terminal."""
+    status, _, err = _run(capsys, "run", "--prompt", "w1", "--target", "/no/such/\x1b[2J\u202emodel", "--draft", "none",
+                          "--db", str(tmp_path / "r.duckdb"))
+    assert status == 2 and "\x1b" not in err and "\u202e" not in err
+    assert "no model folder at /no/such/\\x1b[2J\\u202emodel" in err
 
 
 def test_corrupt_database_is_refused_and_kept(capsys, tiny_folder: str, tmp_path: Path) -> None:

@@ -175,9 +175,13 @@ def test_early_exit_shares_weights_and_checks_the_layer(target) -> None:
     "kwargs, fragment",
     [
         ({"prompt_ids": []}, "prompt is empty"),
-        ({"prompt_ids": [1] * 300}, "exceeds the target's context"),
-        ({"gamma": -1}, "gamma must be >= 0"),
-        ({"max_new_tokens": 0}, "max-new-tokens must be >= 1"),
+        ({"prompt_ids": [1] * 300}, "the prompt does not fit the target's context"),
+        ({"gamma": 250}, "gamma does not fit the target's context"),
+        ({"max_new_tokens": 250}, r"max-new-tokens 250 does not fit the target's context of 256 tokens \(prompt 7 tokens, gamma 3\): use at most 245"),
+        ({"gamma": -1}, r"gamma must lie in \[0, 1,024\]"),
+        ({"gamma": 3_000_000_000}, r"gamma must lie in \[0, 1,024\]"),
+        ({"max_new_tokens": 0}, r"max-new-tokens must lie in \[1, 1,000,000\]"),
+        ({"seed": 2**63}, r"seed must lie in \[0, 9,223,372,036,854,775,807\]"),
         ({"prompt_ids": [99]}, "token ids must lie"),
     ],
 )

@@ -76,7 +76,7 @@ def test_foreign_and_corrupt_files_are_refused_untouched(tmp_path: Path) -> None
     foreign = tmp_path / "foreign.duckdb"
     with duckdb.connect(str(foreign)) as con:
         con.execute("CREATE TABLE runs (x INTEGER)")
-    with pytest.raises(StoreError, match="no schema version"):
+    with pytest.raises(StoreError, match="no meta table"):
         Store(foreign)
     with pytest.raises(StoreError, match="no database at"):
         Store(tmp_path / "missing.duckdb", read_only=True)
@@ -174,7 +174,7 @@ def test_concurrent_writer_and_reader(tmp_path: Path) -> None:
         from diagnostics.engine import PositionRecord
         from diagnostics.store import Store, RunWriter
         store = Store({str(path)!r})
-        writer = RunWriter(store, {{"prompt": "concurrent", "rule": "lossless"}}, batch_size=10, max_age_s=600)
+        writer = RunWriter(store, {{"prompt": "concurrent", "rule": "lossless", "target": "t"}}, batch_size=10, max_age_s=600)
         for position in range(400):
             writer.add(PositionRecord(position=position, block=position, index_in_block=0, kind="bonus", token=1,
                                       draft_token=None, p_token=0.5, p_draft=None, q_draft=None, accept_prob=None,
@@ -199,7 +199,7 @@ def test_concurrent_writer_and_reader(tmp_path: Path) -> None:
 
 def test_read_only_store_cannot_write(tmp_path: Path) -> None:
     path = tmp_path / "runs.duckdb"
-    Store(path).start_run({"prompt": "x"})
+    Store(path).start_run({"prompt": "x", "rule": "lossless", "target": "t"})
     shared = Store(path, read_only=True)
     with pytest.raises(StoreError):
         shared.delete_runs([shared.list_runs().iloc[0]["run_id"]])

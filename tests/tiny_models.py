@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig
 
 from diagnostics.models import LoadedModel, wrap_model
 from diagnostics.tiny import tiny_llama  # noqa: F401  (re-exported for the tests)

@@ -24,7 +24,7 @@ from diagnostics.inspection import target_spec
 from diagnostics.models import ModelError
 from diagnostics.report import build_report
 from diagnostics.rules import RuleError
-from views.common import default_target, literal, open_store, try_model
+from views.common import default_target, literal, md, model_consent, open_store, plain, run_link, show_error, try_model
 
 LAYERS = {
     "Rule level": "One verification step run many times on a battery of (p, q) pairs; its output law tested against p.",
@@ -66,7 +66,7 @@ with st.expander("New audit", expanded=store.list_audits().empty):
     st.caption(LAYERS[layer])
     try:
         if layer == "Rule level":
-            implementation = st.selectbox("Implementation", RULE_IMPLEMENTATIONS, format_func=lambda name: f"{name}: {describe(name)}",
+            implementation = st.selectbox("Implementation", RULE_IMPLEMENTATIONS, format_func=lambda name: plain(f"{name}: {describe(name)}"),
                                           key="audit_rule_impl")
             left, middle, right = st.columns(3)
             rule = left.text_input("Our rule (for 'ours')", "lossless", key="audit_rule_spec")
@@ -80,11 +80,12 @@ with st.expander("New audit", expanded=store.list_audits().empty):
                                             declared=declared or None, real_pairs=pairs)
                 _save(result.as_dict())
         elif layer == "Engine level":
-            implementation = st.selectbox("Generator", ENGINE_IMPLEMENTATIONS, format_func=lambda name: f"{name}: {describe(name)}",
+            implementation = st.selectbox("Generator", ENGINE_IMPLEMENTATIONS, format_func=lambda name: plain(f"{name}: {describe(name)}"),
                                           key="audit_engine_impl")
-            models = st.radio("Models", ["tiny (random 12-token Llamas, seconds)", f"the target {default_target()!r} with its early-exit draft (minutes)"],
-                              key="audit_models")
-            tiny = models.startswith("tiny")
+            models = st.radio("Models", ["tiny", "target"], key="audit_models",
+                              format_func={"tiny": "tiny (random 12-token Llamas, seconds)",
+                                           "target": md("the target {target} with its early-exit draft (minutes)", target=default_target())}.get)
+            tiny = models == "tiny"
             left, middle, right = st.columns(3)
             default_generations, default_tokens = TINY_BUDGET if tiny else MODEL_BUDGET
             generations = left.number_input("Generations", 10, 5_000, default_generations, key=f"audit_generations_{tiny}")
@@ -94,7 +95,7 @@ with st.expander("New audit", expanded=store.list_audits().empty):
                 setup = _tiny() if tiny else _real(default_target())
                 bar = st.progress(0.0, text="Generating…")
                 result = run_engine_audit(implementation, setup, generations=int(generations), max_new_tokens=int(max_new),
-                                          gamma=int(gamma), progress=lambda done, total: bar.progress(done / total, text=f"Generation {done}/{total}"))
+                                          gamma=int(gamma), progress=lambda done, total: bar.progress(done / total, text=f"Generation {int(done)}/{int(total)}"))
                 bar.empty()
                 _save(result.as_dict())
         else:
@@ -102,16 +103,19 @@ with st.expander("New audit", expanded=store.list_audits().empty):
             if runs.empty:
                 st.info("No runs yet: record one on the Run page first.")
             else:
-                labels = {row.run_id: f"{row.run_id} · {row.rule} · {row.status} · {str(row.prompt)[:40]}" for row in runs.itertuples()}
+                labels = {row.run_id: plain(f"{row.run_id} · {row.rule} · {row.status} · {str(row.prompt)[:40]}") for row in runs.itertuples()}
                 run_id = st.selectbox("Run", list(labels), format_func=labels.get, key="audit_run")
+                chosen = store.get_run(run_id)
+                # Loading the run's models (to recompute p) is the user's call when a file names them.
+                allowed = model_consent(chosen, key="audit_load_models")
                 if st.button("Audit this run", type="primary", key="audit_run_go"):
                     with st.spinner("Replaying every decision…"):
-                        target = try_model(target_spec(store.get_run(run_id)))
+                        target = try_model(target_spec(chosen)) if allowed else None
                         evidence = audit_recorded_run(store, run_id, target).as_dict()
                     evidence["p_recomputed"] = target is not None
                     _save(evidence)
     except (AuditError, RuleError, ModelError, ValueError) as error:
-        st.error(str(error))
+        show_error(error)
 
 st.subheader("Audits")
 audits = store.list_audits()
@@ -128,7 +132,7 @@ if not audits.empty:
     # The audit just run wins over the one in the link (?audit=ID).
     wanted = st.session_state.get("audit_selected") or st.query_params.get("audit")
     audit_id = st.selectbox("Show", ids, index=ids.index(wanted) if wanted in ids else 0, key=f"audit_show_{wanted}",
-                            format_func=lambda value: " · ".join(str(item) for item in shown.set_index("audit_id").loc[value, ["verdict", "layer", "implementation", "created"]]))
+                            format_func=lambda value: plain(" · ".join(str(item) for item in shown.set_index("audit_id").loc[value, ["verdict", "layer", "implementation", "created"]])))
     with st.expander(f"All {len(shown)} stored audits"):
         st.dataframe(shown, hide_index=True, column_config={"summary": st.column_config.TextColumn("summary", width="large")})
     if unsaved is None or st.session_state.get("audit_selected"):
@@ -136,7 +140,8 @@ if not audits.empty:
 
 verdict = evidence["verdict"]
 line = summary_line(evidence)
-(st.error if verdict == "fail" else st.success)(f"**{verdict.upper()}** · {literal(line)}", icon="🚨" if verdict == "fail" else "✅")
+headline = "**FAIL** · " if verdict == "fail" else "**PASS** · "  # a constant: the stored verdict is only compared
+(st.error if verdict == "fail" else st.success)(headline + md("{line}", line=line), icon="🚨" if verdict == "fail" else "✅")
 for reason in evidence.get("reasons") or []:
     st.markdown(f"- {literal(reason)}")
 figure = audit_figure(evidence)
@@ -151,12 +156,12 @@ if rows:
     st.dataframe(rows, hide_index=True)
     if evidence.get("layer") == "recorded":
         positions = sorted({row["position"] for row in rows if row["position"] >= 0})[:5]
-        st.markdown(" · ".join(f"[position {position}](/?run={evidence['run_id']}&pos={position})" for position in positions))
+        st.markdown(" · ".join(run_link(f"position {position}", evidence["run_id"], position) for position in positions))  # literal-ok: run_link pieces
 elif evidence.get("layer") == "engine":
     st.caption("No output position had the 100 tokens needed for a test of its own; only the pooled test ran.")
 settings = evidence.get("settings")
 if settings:
-    st.caption("Settings: " + ", ".join(f"{key} = {value}" for key, value in settings.items()))
+    st.caption(md("Settings: {settings}", settings=", ".join(f"{key} = {value}" for key, value in settings.items())))
 if audit_id is not None and evidence is not unsaved:
     st.download_button("Download report (HTML)", build_report(store, [], [audit_id]), file_name=f"audit-{audit_id}.html",
                        mime="text/html", key="audit_report")

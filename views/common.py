@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+from urllib.parse import quote, urlencode
 
 import streamlit as st
 
+from diagnostics.inspection import models_to_load
 from diagnostics.models import LoadedModel, ModelError, load_model
 from diagnostics.store import Store, StoreError, default_db_path
+from diagnostics.untrusted import markdown_literal, visible
 
 
 def open_store(read_only: bool = False) -> Store | None:
@@ -17,7 +20,7 @@ def open_store(read_only: bool = False) -> Store | None:
     try:
         return Store(path, read_only=read_only or bool(shared), lock_wait_s=5)
     except StoreError as error:
-        st.error(str(error))
+        show_error(error)
         return None
 
 
@@ -45,16 +48,60 @@ def decoder(model: LoadedModel | None):
     if model is None or model.tokenizer is None:
         return None
     tokenizer = model.tokenizer
-    return lambda token: tokenizer.decode([int(token)])
+
+    def decode(token: int) -> str:
+        try:
+            return tokenizer.decode([int(token)])
+        except (OverflowError, IndexError, TypeError, ValueError):  # an id from a file, outside the vocabulary
+            return f"⟨{int(token)}⟩"
+
+    return decode
 
 
-_MARKDOWN_SPECIALS = set("\\`*_{}[]()<>#+-.!|~$:")
+def literal(text: object, limit: int | None = None) -> str:
+    """Untrusted text (anything from a file, the URL, a model or a user) for a Markdown context:
+    shown literally, on one line. The one way such text reaches ``st.markdown``, ``st.caption``,
+    ``st.error``, widget labels and the like (``tests/test_views_literal.py`` checks the pages)."""
+    return markdown_literal(text, limit=limit)
 
 
-def literal(text: str) -> str:
-    """Untrusted text (token text, audit labels) shown literally inside Markdown: every Markdown
-    special character is backslash-escaped, so no link, image or emphasis can be injected."""
-    return "".join(f"\\{char}" if char in _MARKDOWN_SPECIALS else char for char in str(text))
+def plain(text: object, limit: int | None = None) -> str:
+    """Untrusted text for a plain-text context (select box options, ``format_func``): control and
+    format characters shown as escapes; nothing else is needed there, nothing is interpreted."""
+    return visible(text, limit=limit)
+
+
+def md(template: str, /, **untrusted: object) -> str:
+    """Trusted Markdown ``template`` with each ``{name}`` filled by ``untrusted[name]`` shown literally:
+    ``st.error(md("There is no run {run}.", run=requested))``."""
+    return template.format(**{name: literal(value, limit=300) for name, value in untrusted.items()})
+
+
+def run_link(label: str, run_id: object, position: int | None = None) -> str:
+    """A Markdown link to Inspect a run (``/?run=ID&pos=N``): the label shown literally, the id
+    percent-encoded, so a hostile id can neither leave the app nor break out of the link."""
+    query = {"run": str(run_id)} | ({"pos": str(int(position))} if position is not None else {})
+    return f"[{literal(label)}](/?{urlencode(query, quote_via=quote)})"
+
+
+def show_error(error: object) -> None:
+    """An exception's one-line message in an error box, literally (messages quote typed input and file contents)."""
+    st.error(literal(error))
+
+
+def model_consent(run: dict, key: str) -> bool:
+    """Whether the models ``run`` names may be loaded. The embedded default and the app's configured
+    target may; any other path or hub id (a shared file can name any folder) only after the user
+    presses a button that names it, once per session. Never loads anything itself."""
+    allowed = st.session_state.setdefault("allowed_models", set())
+    pending = [name for name in models_to_load(run, trusted=("default", default_target())) if name not in allowed]
+    if not pending:
+        return True
+    st.caption("This run names models that are not loaded yet; p and q below are rebuilt from the stored top-20.")
+    if st.button(md("Load {names} (local files only) to recompute p and q exactly", names=", ".join(pending)), key=key):
+        allowed.update(pending)
+        return True
+    return False
 
 
 METRIC_HELP = {

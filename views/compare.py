@@ -12,7 +12,7 @@ from diagnostics.models import ModelError, load_draft
 from diagnostics.rules import RuleError
 from diagnostics.runner import RunRequest, compare_rules
 from diagnostics.store import StoreError
-from views.common import cached_model, open_store
+from views.common import cached_model, md, open_store, plain, run_link, show_error
 from views.run_form import RULE_HELP, request_widgets
 
 st.title("Compare")
@@ -23,7 +23,7 @@ if store is None:
 with st.expander("Launch a comparison", expanded=False):
     rules_text = st.text_input("Rules (the first is the reference)", "lossless; lenience:0.5; typical:0.1", key="cmp_rules",
                                help="Separate specs with ';'. " + RULE_HELP)
-    target_spec, request = request_widgets("cmp", None, "lossless")
+    target_spec, request = request_widgets("cmp", "lossless")
     if st.button("Run the coupled group", type="primary", key="cmp_start", disabled=request is None or store.read_only):
         specs = [spec.strip() for spec in rules_text.split(";") if spec.strip()]
         try:
@@ -34,7 +34,7 @@ with st.expander("Launch a comparison", expanded=False):
                 group_id, _, _ = compare_rules(store, target, draft, requests)
             st.query_params["group"] = group_id
         except (RuleError, EngineError, ModelError, StoreError, ValueError) as error:
-            st.error(str(error))
+            show_error(error)
 
 runs = store.list_runs()
 groups = runs.dropna(subset=["group_id"]) if not runs.empty else runs
@@ -43,11 +43,12 @@ if groups.empty:
     st.stop()
 order = list(dict.fromkeys(groups["group_id"].tolist()))
 requested = st.query_params.get("group")
-labels = {gid: f"{gid} · " + ", ".join(groups.loc[groups.group_id == gid, "rule"].tolist()[::-1]) for gid in order}
+labels = {gid: plain(f"{gid} · " + ", ".join(groups.loc[groups.group_id == gid, "rule"].tolist()[::-1]), limit=200) for gid in order}
 group_id = st.selectbox("Group", order, index=order.index(requested) if requested in order else 0, format_func=labels.get, key="cmp_group")
 members = store.group(group_id)
 reference = members.iloc[0]
-st.caption(f"prompt: {reference['prompt'][:200]!r} · seed {reference['seed']} · draft {reference['draft']} · γ {reference['gamma']}")
+st.caption(md("prompt: {prompt} · seed {seed} · draft {draft} · γ {gamma}", prompt=str(reference["prompt"])[:200],
+              seed=reference["seed"], draft=reference["draft"], gamma=reference["gamma"]))
 
 rows = []
 strips = []
@@ -67,7 +68,7 @@ st.dataframe(table, hide_index=True, key="cmp_table",
 divergences = [d for _, _, d in strips if d is not None]
 if divergences:
     first = min(divergences)
-    st.subheader(f"Aligned by position around the first divergence ({first})")
+    st.subheader(f"Aligned by position around the first divergence ({int(first)})")
     window = range(max(0, first - 3), first + 12)
     aligned = {"position": list(window)}
     for member, positions, _ in strips:
@@ -79,8 +80,8 @@ if divergences:
     st.dataframe(pd.DataFrame(aligned), hide_index=True, key="cmp_aligned")
 
 for member, positions, divergence in strips:
-    st.markdown(f"**{member.rule}** · run `{member.run_id}`"
-                + (f" · leaves the reference at position **{divergence}** ([inspect there](/?run={member.run_id}&pos={divergence}))"
+    st.markdown(md("**{rule}** · run {run}", rule=member.rule, run=member.run_id)
+                + (f" · leaves the reference at position **{int(divergence)}** ({run_link('inspect there', member.run_id, divergence)})"
                    if divergence is not None else " · identical to the reference"))
     st.html(token_strip_html(positions.to_dict("records"), divergence=divergence))
     if divergence is not None and divergence < len(positions):
@@ -88,7 +89,7 @@ for member, positions, divergence in strips:
         cause = []
         if pd.notna(at["severe_overshoot"]):
             cause.append(f"draft mass at q ≥ p/l: {at['severe_overshoot']:.3f}")
-        if pd.notna(at["allowed_mass"]):
+        if pd.notna(at["allowed_mass"]) and pd.notna(at["allowed_size"]):
             cause.append(f"allowed set |A| = {int(at['allowed_size'])}, p(A) = {at['allowed_mass']:.3f}")
         cause.append(f"a(x) = {at['accept_prob']:.3f}, coin u = {at['u_accept']:.3f}" if at["kind"] != "bonus" else "bonus position")
-        st.caption("At the divergence: " + "; ".join(cause))
+        st.caption(md("At the divergence: {cause}", cause="; ".join(cause)))

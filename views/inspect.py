@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 
 import streamlit as st
 
 from diagnostics.charts import law_figure, token_strip_html, tracks_figure
 from diagnostics.inspection import position_view, target_spec
-from views.common import METRIC_HELP, decoder, open_store, try_model
+from views.common import METRIC_HELP, decoder, literal, md, model_consent, open_store, plain, try_model
 
 st.title("Inspect a run")
 store = open_store()
@@ -22,15 +23,16 @@ if runs.empty:
 ids = runs["run_id"].tolist()
 requested = st.query_params.get("run")
 if requested and requested not in ids:
-    st.error(f"There is no run {requested!r} in {store.path}. Pick one below.")
+    st.error(md("There is no run {run} in {path}. Pick one below.", run=requested, path=store.path))
     requested = None
-labels = {row.run_id: f"{row.run_id} · {row.rule} · {row.status} · {str(row.prompt)[:40]}" for row in runs.itertuples()}
+labels = {row.run_id: plain(f"{row.run_id} · {row.rule} · {row.status} · {str(row.prompt)[:40]}") for row in runs.itertuples()}
 run_id = st.selectbox("Run", ids, index=ids.index(requested) if requested else 0, format_func=labels.get, key="inspect_run")
 st.query_params["run"] = run_id
 run = store.get_run(run_id)
 positions = store.positions(run_id)
 
-st.caption(f"target {run['target']} · draft {run['draft']} · rule **{run['rule']}** · γ = {run['gamma']} · seed {run['seed']} · status {run['status']}")
+st.caption(md("target {target} · draft {draft} · rule **{rule}** · γ = {gamma} · seed {seed} · status {status}", target=run["target"],
+              draft=run["draft"], rule=run["rule"], gamma=run["gamma"], seed=run["seed"], status=run["status"]))
 with st.expander("Prompt, policy and output"):
     st.text(run["prompt"])
     st.json({"policy": json.loads(run["policy"] or "{}"), "draft policy": json.loads(run["draft_policy"] or "{}")})
@@ -45,7 +47,7 @@ summary = [
     ("mean TV(P, baseline)", run["mean_tv_baseline"]),
 ]
 for col, (name, value) in zip(cols, summary):
-    col.metric(name, "–" if value is None else f"{value:.3f}", help=METRIC_HELP[name])
+    col.metric(name, "–" if value is None else f"{value:.3f}", help=METRIC_HELP[name])  # literal-ok: names from the list above
 
 if positions.empty:
     st.warning("This run recorded no positions.")
@@ -56,8 +58,9 @@ count = len(records)
 if "inspect_position" not in st.session_state or st.session_state.get("inspect_for") != run_id:
     st.session_state.inspect_position = int(records[0]["position"])
     st.session_state.inspect_for = run_id
-    wanted = st.query_params.get("pos")
-    if wanted is not None and wanted.isdigit() and int(wanted) < count:
+    wanted = st.query_params.get("pos") or ""
+    # ASCII digits only: "²".isdigit() is true, and int("²") raises.
+    if re.fullmatch(r"[0-9]{1,9}", wanted) and int(wanted) < count:
         st.session_state.inspect_position = int(wanted)
 
 divergence = run.get("divergence_position")
@@ -68,7 +71,7 @@ centre = int(st.session_state.inspect_position)
 first = max(0, min(centre - WINDOW // 2, count - WINDOW))
 shown = records[first : first + WINDOW]
 if count > WINDOW:
-    st.caption(f"Positions {first}–{first + len(shown) - 1} of {count}, around the selected position.")
+    st.caption(f"Positions {int(first)}–{int(first + len(shown) - 1)} of {int(count)}, around the selected position.")
 st.html(token_strip_html(shown, selected=centre, divergence=divergence))
 
 st.subheader("Per-position tracks")
@@ -81,10 +84,10 @@ if points:
 position = st.number_input("Position", 0, count - 1, key="inspect_position",
                            help="Click a point in the tracks, or type a position.")
 record = records[int(position)]
-target = try_model(target_spec(run))
+target = try_model(target_spec(run)) if model_consent(run, key="inspect_load_models") else None
 detail = position_view(run, record, target, decoder(target))
 kind = record["kind"]
-st.subheader(f"Position {position}: {kind}")
+st.subheader(md(f"Position {int(position)}: {{kind}}", kind=kind))
 left, right = st.columns([3, 1])
 with left:
     st.plotly_chart(law_figure(detail.view, top_n=25), key="position_law")
@@ -99,6 +102,6 @@ with right:
     st.metric("TV(P, baseline)", shown("tv_baseline"))
     st.metric("draft mass at q ≥ p/l", shown("severe_overshoot"))
     st.metric("p(A) of the allowed set", shown("allowed_mass"))
-    st.caption(detail.note)
+    st.caption(literal(detail.note))
     if kind == "bonus":
         st.caption("Bonus position: no draft was verified; the token was drawn from the bonus law b(p).")

@@ -10,6 +10,7 @@ from diagnostics.explain import explain_step, rule_table
 from diagnostics.rules import RULES, EXAMPLE_SPECS, RuleError, get_rule
 from diagnostics.sweep import SWEEP_RULES, SWEEP_TREE_RULES, distortion_sweep
 from diagnostics.synthetic import PRESETS, make_pair
+from views.common import show_error
 
 # Widget bounds per rule parameter: (min, max, default, step).
 PARAM_BOUNDS = {
@@ -48,8 +49,8 @@ with st.sidebar:
     params = {}
     for param in RULES[name].param_names:
         low, high, default, step = PARAM_BOUNDS[(name, param)]
-        params[param] = st.number_input(param, low, high, default, step, key=f"param_{name}_{param}", format="%.3f")
-    typed = st.text_input("…or type a rule spec", key="spec_text", placeholder="e.g. lenience:0.3",
+        params[param] = st.number_input(param, low, high, default, step, key=f"param_{name}_{param}", format="%.3f")  # literal-ok: a rule's parameter name
+    typed = st.text_input("…or type a rule spec", key="spec_text", placeholder="e.g. lenience:0.3",  # literal-ok: help lists constants
                           help="Same strings as the command line: " + ", ".join(EXAMPLE_SPECS))
     tree_k = st.slider("Tree candidates k (draft's top-k)", 1, 4, 1, key="tree_k")
 
@@ -57,11 +58,11 @@ pair = make_pair(preset, vocab=vocab, concentration=concentration, noise=noise, 
 try:
     rule = get_rule(typed) if typed.strip() else get_rule(name, **params)
 except RuleError as error:
-    st.error(f"{error}")
+    show_error(error)
     st.stop()
 
 view = explain_step(rule, pair.p_target, pair.q_draft, pair.labels)
-st.subheader(f"{rule.spec} on “{pair.description}”")
+st.subheader(f"{rule.spec} on “{pair.description}”")  # literal-ok: a parsed spec (known name, numbers) and a preset
 cols = st.columns(5)
 cols[0].metric("acceptance α = Σ q·a", f"{view.alpha:.4f}")
 cols[1].metric("TV(P, p)", f"{view.tv_target:.4f}", help="Distance of the emitted law from the target.")
@@ -95,7 +96,7 @@ st.caption(
 )
 
 with st.expander("Definitions"):
-    st.markdown(
+    st.markdown(  # literal-ok: the rule library's own text
         "\n".join(f"- **{n}**: {cls.summary}" for n, cls in RULES.items())
         + "\n- **α**: expected acceptance Σ_v q(v)·a(v).\n- **TV(a, b)** = ½ Σ |a − b|."
         "\n- **matched baseline**: the target sampled losslessly under the same truncation (p_A = p·1_A / p(A) "

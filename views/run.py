@@ -10,7 +10,7 @@ from diagnostics.models import ModelError, load_draft
 from diagnostics.rules import RULES, RuleError, get_rule
 from diagnostics.runner import record_run
 from diagnostics.store import StoreError
-from views.common import METRIC_HELP, cached_model, open_store
+from views.common import METRIC_HELP, cached_model, md, open_store, run_link, show_error
 from views.run_form import RULE_HELP, request_widgets
 
 st.title("Run")
@@ -20,8 +20,8 @@ rule_spec = st.text_input("Rule", "lenience:0.5", key="run_rule", help=RULE_HELP
 try:
     get_rule(rule_spec)
 except RuleError as error:
-    st.error(str(error))
-target_spec, request = request_widgets("run", None, rule_spec)
+    show_error(error)
+target_spec, request = request_widgets("run", rule_spec)
 start = st.button("Run", type="primary", key="run_start", disabled=request is None)
 
 if start and request is not None:
@@ -32,7 +32,7 @@ if start and request is not None:
         target = cached_model(target_spec.strip() or "default")
         draft = load_draft(request.draft, target)
     except (ModelError, ValueError) as error:
-        st.error(str(error))
+        show_error(error)
         st.stop()
     progress = st.progress(0.0, text="starting…")
     st.button("Stop", key="run_stop", help="Stops after the current block; what was recorded is kept, marked interrupted.")
@@ -41,25 +41,25 @@ if start and request is not None:
 
     def show(record) -> None:
         records.append(record.as_dict())
-        progress.progress(min(1.0, len(records) / request.max_new_tokens), text=f"{len(records)} / {request.max_new_tokens} tokens")
+        progress.progress(min(1.0, len(records) / request.max_new_tokens), text=f"{len(records)} / {int(request.max_new_tokens)} tokens")
         strip.html(token_strip_html(records))
 
     try:
         run_id, run = record_run(store, target, draft, request, on_record=show)
     except (RuleError, EngineError, ModelError, StoreError, ValueError) as error:
-        st.error(str(error))
+        show_error(error)
         st.stop()
-    progress.progress(1.0, text=f"{run.status}: {len(run.tokens)} tokens ({run.stop_reason})")
+    progress.progress(1.0, text=md("{status}: ", status=run.status) + f"{len(run.tokens)} tokens")
     st.session_state["last_run"] = run_id
     summary = run.summary()
     cols = st.columns(4)
     for col, (name, key) in zip(cols, [("acceptance rate", "acceptance_rate"), ("block efficiency", "block_efficiency"),
                                        ("tokens/s", "tokens_per_s"), ("mean TV(P, p)", "mean_tv_target")]):
         value = summary[key]
-        col.metric(name, "–" if value is None else f"{value:.3f}", help=METRIC_HELP[name])
-    st.markdown(f"[Inspect run {run_id}](/?run={run_id})")
+        col.metric(name, "–" if value is None else f"{value:.3f}", help=METRIC_HELP[name])  # literal-ok: names from the list above
+    st.markdown(run_link(f"Inspect run {run_id}", run_id))
 elif st.session_state.get("last_run"):
-    st.markdown(f"Last run: [inspect {st.session_state['last_run']}](/?run={st.session_state['last_run']})")
+    st.markdown("Last run: " + run_link(f"inspect {st.session_state['last_run']}", st.session_state["last_run"]))
 
 with st.expander("Rules"):
-    st.markdown("\n".join(f"- **{name}**: {cls.summary}" for name, cls in RULES.items()))
+    st.markdown("\n".join(f"- **{name}**: {cls.summary}" for name, cls in RULES.items()))  # literal-ok: the rule library's own text

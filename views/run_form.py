@@ -4,19 +4,25 @@ from __future__ import annotations
 
 import streamlit as st
 
+from diagnostics.audit.suite import DEFAULT_EARLY_EXIT_LAYER
+from diagnostics.models import layer_count
 from diagnostics.policy import Policy, PolicyError
 from diagnostics.rules import EXAMPLE_SPECS
 from diagnostics.runner import RunRequest
-from views.common import default_target
+from views.common import default_target, show_error
 
 
 def draft_widget(prefix: str, target_layers: int | None) -> str | None:
+    """The drafter spec. Early exit defaults to layer 26 on the embedded model and to the last but
+    one layer of a shallower target (as the CLI does); an unknown depth allows up to 255."""
     kind = st.selectbox("Draft", ["early-exit", "ngram", "model", "none"], key=f"{prefix}_draft_kind",
                         help="early-exit: the target's first layers and its head; ngram: prompt lookup; "
                              "model: another model with the same tokenizer; none: plain decoding.")
     if kind == "early-exit":
-        high = max(1, (target_layers or 30) - 1)
-        layer = st.number_input("Exit after layer", 1, high, min(26, high), key=f"{prefix}_layer")
+        high = max(1, (target_layers or 256) - 1)
+        # Keyed by the depth, so a new target brings its own default instead of the old value.
+        layer = st.number_input("Exit after layer", 1, high, min(DEFAULT_EARLY_EXIT_LAYER, high),
+                                key=f"{prefix}_layer_{target_layers}")
         return f"early-exit:{int(layer)}"
     if kind == "ngram":
         return f"ngram:{int(st.number_input('n-gram size', 1, 8, 3, key=f'{prefix}_ngram'))}"
@@ -37,18 +43,18 @@ def policy_widgets(prefix: str) -> Policy | None:
         return Policy(temperature=temperature, top_k=int(top_k) or None, top_p=top_p if top_p < 1 else None,
                       min_p=min_p or None, eta=eta or None)
     except PolicyError as error:
-        st.error(str(error))
+        show_error(error)
         return None
 
 
-def request_widgets(prefix: str, target_layers: int | None, rule: str) -> tuple[str, RunRequest | None]:
+def request_widgets(prefix: str, rule: str) -> tuple[str, RunRequest | None]:
     """Widgets for everything but the rule(s); returns the target spec and a request."""
     prompt = st.text_area("Prompt", "Write a haiku about the sea.", key=f"{prefix}_prompt", height=90)
     cols = st.columns(2)
     target = cols[0].text_input("Target", default_target(), key=f"{prefix}_target",
                                 help="'default' is the embedded SmolLM2-135M-Instruct; or a hub id or local path")
     with cols[1]:
-        draft = draft_widget(prefix, target_layers)
+        draft = draft_widget(prefix, layer_count(target.strip() or "default"))
     cols = st.columns(3)
     gamma = cols[0].number_input("γ (drafts per block)", 1, 16, 4, key=f"{prefix}_gamma")
     budget = cols[1].number_input("max new tokens", 1, 2048, 48, key=f"{prefix}_max_tokens")

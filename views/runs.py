@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import re
 import tempfile
 from pathlib import Path
 
@@ -9,12 +11,18 @@ import streamlit as st
 
 from diagnostics.report import build_report
 from diagnostics.store import StoreError, default_db_path, export_runs, import_runs
-from views.common import open_store
+from views.common import md, open_store, run_link, show_error
+
+
+def _safe_name(text: str) -> str:
+    """A file-name-safe form of untrusted text (letters, digits, '-', '_', '.'; at most 40)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", str(text)).strip("._")[:40] or "file"
+
 
 st.title("Runs")
 shared = st.session_state.get("shared_db")
 if shared:
-    st.info(f"Browsing the shared file {Path(shared).name} read-only.")
+    st.info(md("Browsing the shared file {name} read-only.", name=Path(shared).name))
     if st.button("Back to my runs", key="leave_shared"):
         del st.session_state["shared_db"]
         st.rerun()
@@ -36,34 +44,41 @@ else:
                                             "prompt": st.column_config.TextColumn("prompt", width="large")})
     rows = selection.selection.rows if selection else []
     chosen = [shown.iloc[row]["run_id"] for row in rows]
-    st.caption(f"{len(chosen)} selected" + (": " + ", ".join(chosen) if chosen else " (click rows to select)"))
+    st.caption(f"{len(chosen)} selected" + (": " + md("{ids}", ids=", ".join(chosen)) if chosen else " (click rows to select)"))
     if len(chosen) == 1:
-        st.markdown(f"[Open {chosen[0]} in Inspect](/?run={chosen[0]})")
+        st.markdown(run_link(f"Open {chosen[0]} in Inspect", chosen[0]))
     if chosen:
         report = build_report(store, chosen)
-        st.download_button("Download report (HTML)", report, file_name=f"report-{chosen[0]}.html", mime="text/html", key="download_report")
+        st.download_button("Download report (HTML)", report, file_name=f"report-{_safe_name(chosen[0])}.html", mime="text/html", key="download_report")
         fmt = st.radio("Export format", ["duckdb", "parquet"], horizontal=True, key="export_format")
         with tempfile.TemporaryDirectory() as folder:
             exported = export_runs(store, chosen, Path(folder) / f"runs.{fmt}", fmt)
-            st.download_button(f"Export selected runs ({fmt})", exported.read_bytes(), file_name=f"runs-{chosen[0]}.{fmt}", key="download_export")
+            st.download_button(f"Export selected runs ({fmt})",  # literal-ok: fmt is one of two constants
+                                exported.read_bytes(), file_name=f"runs-{_safe_name(chosen[0])}.{fmt}", key="download_export")
         if not store.read_only:
             confirm = st.checkbox(f"Yes, delete {len(chosen)} run(s) and their positions", key="confirm_delete")
             if st.button("Delete selected", disabled=not confirm, key="delete_runs"):
                 removed = store.delete_runs(chosen)
-                st.success(f"Deleted {removed} run(s).")
+                st.success(f"Deleted {int(removed)} run(s).")
                 st.rerun()
 
 st.subheader("Open a shared file")
 upload = st.file_uploader("A .duckdb or .parquet export from a colleague (opened read-only)", type=["duckdb", "parquet"], key="import_file")
 if upload is not None:
+    data = upload.getvalue()
     folder = default_db_path().parent / "shared"
-    folder.mkdir(parents=True, exist_ok=True)
-    saved = folder / Path(upload.name).name
-    saved.write_bytes(upload.getvalue())
+    # The copy is named by its content (and a tame form of the name): an uploaded name can be
+    # "..", a path, or the name of a file already open here.
+    suffix = ".parquet" if upload.name.lower().endswith(".parquet") else ".duckdb"
+    saved = folder / f"{hashlib.sha256(data).hexdigest()[:16]}-{_safe_name(Path(upload.name).stem)}{suffix}"
     try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if not saved.exists():
+            saved.write_bytes(data)
         opened = import_runs(saved, saved.with_suffix(".imported.duckdb"))
-    except StoreError as error:
-        st.error(str(error))
+    except (StoreError, OSError) as error:
+        saved.unlink(missing_ok=True)  # a refused file is not kept; the colleague's original is untouched
+        show_error(error)
     else:
         st.session_state["shared_db"] = str(opened.path)
-        st.success(f"Opened {upload.name}: {len(opened.list_runs())} run(s), read-only.")
+        st.success(md("Opened {name}: ", name=upload.name) + f"{len(opened.list_runs())} run(s), read-only.")

@@ -62,3 +62,78 @@ def worst_position_rows(result: dict[str, Any], limit: int = 10) -> list[dict[st
                  "detail": f"{item['kind']} token {item['token']}: {item['p_difference']:.3g}"} for item in result.get("worst_positions", [])]
         return (flagged + rest)[:limit]
     return []
+
+
+# -- the structure a stored audit's evidence must have to be shown ---------------------------
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _optional_number(value: Any) -> bool:
+    return value is None or _is_number(value)
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _text(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _list_of(item: Any) -> Any:
+    return lambda value: isinstance(value, list) and all(_matches(element, item) for element in value)
+
+
+def _matches(value: Any, spec: Any) -> bool:
+    if isinstance(spec, dict):
+        return isinstance(value, dict) and _fields_problem(value, spec) is None
+    return bool(spec(value))
+
+
+# Keys that must be present (others may be); a key ending in "?" is optional.
+_PAIR = {"label": _text, "statistic": _optional_number, "dof": _whole, "p_value": _optional_number,
+         "adjusted_p": _optional_number, "observed_tv": _optional_number, "detectable_tv": _optional_number,
+         "impossible": _whole, "pooled_mass?": _optional_number}
+_POSITION_TEST = {"position": _whole, "tokens": _whole, "statistic": _optional_number, "p_value": _optional_number,
+                  "adjusted_p": _is_number}
+_FLAG = {"position": _whole, "check": _text, "detail": _text}
+_WORST = {"position": _whole, "kind": _text, "token": _whole, "p_difference": _is_number}
+_COMMON = {"layer": _text, "verdict": lambda value: value in ("pass", "fail"), "settings?": lambda value: isinstance(value, dict),
+           "reasons?": _list_of(_text)}
+EVIDENCE_FIELDS: dict[str, dict[str, Any]] = {
+    "rule": {**_COMMON, "implementation": _text, "reference": _text, "level": _is_number, "n_per_pair": _whole,
+             "max_detectable_tv": _optional_number, "pairs": _list_of(_PAIR)},
+    "engine": {**_COMMON, "implementation": _text, "generations": _whole, "tokens": _whole, "p_value": _optional_number,
+               "detectable_tv": _optional_number, "level": _is_number, "bin_counts?": _list_of(_whole),
+               "positions?": _list_of(_POSITION_TEST)},
+    "recorded": {**_COMMON, "run_id": _text, "positions": _whole, "acceptance_z": _optional_number,
+                 "max_p_difference": _optional_number, "flags": _list_of(_FLAG), "worst_positions?": _list_of(_WORST)},
+}
+
+
+def _fields_problem(value: dict, spec: dict[str, Any]) -> str | None:
+    for key, check in spec.items():
+        name = key.rstrip("?")
+        if name not in value:
+            if key.endswith("?"):
+                continue
+            return f"lacks {name!r}"
+        if not _matches(value[name], check):
+            return f"has an unusable {name!r}"
+    return None
+
+
+def evidence_problem(evidence: Any) -> str | None:
+    """Why stored audit evidence cannot be shown (a phrase: "lacks 'pairs'"), or ``None`` when the
+    summary line, tables, chart and report can all be built from it."""
+    if not isinstance(evidence, dict):
+        return "is not a JSON object"
+    layer = evidence.get("layer")
+    if layer not in EVIDENCE_FIELDS:
+        return "has no known layer (rule, engine or recorded)"
+    problem = _fields_problem(evidence, EVIDENCE_FIELDS[layer])
+    if problem is None and layer == "rule" and not evidence["pairs"]:
+        problem = "has no pairs"
+    return problem

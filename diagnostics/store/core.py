@@ -1,4 +1,5 @@
-"""DuckDB storage of runs and positions: the only module that speaks SQL.
+"""DuckDB storage of runs and positions: the only place that speaks SQL (with ``schema`` and
+``validation`` beside it).
 
 * ``runs``: one row per run (status ``running`` → ``complete`` / ``interrupted`` / ``failed``).
 * ``positions``: one row per emitted position, written in Arrow batches.
@@ -6,10 +7,16 @@
   evidence as JSON), optionally tied to the run it audited (schema 2).
 * ``meta``: the schema version; older files are migrated, newer ones refused with a message.
 
+A file is looked at before anything is written to it: one that is not this tool's (another
+program's tables, other columns, a schema version that is not a number, damaged bytes) is
+refused with one line and left byte-identical. A file opened read-only (a colleague's) is
+also checked value by value once (``validation``), so whatever opens renders everywhere.
+
 Connections are opened briefly and retried while another process holds the file's lock, so
 a CLI writing while the dashboard reads gets its turn or a clear ``StoreBusy`` after a bounded
-wait. A run whose writer died is found by its pid and marked ``interrupted``; what it recorded
-is kept.
+wait. A run whose writer died is found by its pid and marked ``interrupted``, with its token
+list, count and text rebuilt from the positions it stored. Every DuckDB error becomes a
+``StoreError`` with one line (``StoreFull`` when the disk is full).
 """
 
 from __future__ import annotations
@@ -21,7 +28,6 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -33,13 +39,26 @@ import pyarrow as pa
 from diagnostics import __version__
 from diagnostics.audit.reporting import json_safe
 from diagnostics.engine import PositionRecord
+from diagnostics.store.schema import (
+    ARROW_POSITIONS,
+    AUDIT_COLUMNS,
+    CREATE,
+    MIGRATIONS,
+    POSITION_COLUMNS,
+    RUN_COLUMNS,
+    SCHEMA_VERSION,
+    STATUSES,
+    schema_problem,
+)
+from diagnostics.store.validation import content_problem
 
-SCHEMA_VERSION = 2
-# Read-only opens accept files this old: newer schemas only added tables, read as empty.
-OLDEST_READABLE = 1
-DEFAULT_DB = Path(__file__).resolve().parents[1] / "data" / "runs.duckdb"
+DEFAULT_DB = Path(__file__).resolve().parents[2] / "data" / "runs.duckdb"
 LOCK_WAIT_S = 20.0
-STATUSES = ("running", "complete", "interrupted", "failed")
+# Phrases of DuckDB (and OS) errors, lower case, by what they mean to the user.
+_BUSY = ("lock", "different configuration")
+_DISK_FULL = ("no space left", "file too large", "disk quota")
+_DAMAGED = ("not a valid duckdb", "corrupt", "could not read enough bytes", "checksum", "invalid block",
+            "serialization error", "failed to read")
 
 
 class StoreError(RuntimeError):
@@ -50,115 +69,14 @@ class StoreBusy(StoreError):
     """Another process kept the database locked for longer than the bounded wait."""
 
 
+class StoreFull(StoreError):
+    """The disk holding the database is full (or the file hit a size limit)."""
+
+
 def default_db_path() -> Path:
     """``$SPECLAB_DB`` when set, else ``data/runs.duckdb`` in the checkout."""
     configured = os.environ.get("SPECLAB_DB")
     return Path(configured).expanduser() if configured else DEFAULT_DB
-
-
-RUN_COLUMNS: dict[str, str] = {
-    "run_id": "VARCHAR PRIMARY KEY",
-    "created": "TIMESTAMP",
-    "finished": "TIMESTAMP",
-    "status": "VARCHAR",
-    "error": "VARCHAR",
-    "target": "VARCHAR",
-    "draft": "VARCHAR",
-    "rule": "VARCHAR",
-    "rule_name": "VARCHAR",
-    "rule_params": "VARCHAR",
-    "policy": "VARCHAR",
-    "draft_policy": "VARCHAR",
-    "gamma": "INTEGER",
-    "seed": "BIGINT",
-    "max_new_tokens": "INTEGER",
-    "prompt": "VARCHAR",
-    "prompt_ids": "INTEGER[]",
-    "raw_prompt": "BOOLEAN",
-    "output_text": "VARCHAR",
-    "tokens": "INTEGER[]",
-    "n_tokens": "INTEGER",
-    "drafted": "INTEGER",
-    "accepted": "INTEGER",
-    "target_passes": "INTEGER",
-    "acceptance_rate": "DOUBLE",
-    "block_efficiency": "DOUBLE",
-    "tokens_per_s": "DOUBLE",
-    "time_s": "DOUBLE",
-    "mean_tv_target": "DOUBLE",
-    "mean_tv_baseline": "DOUBLE",
-    "max_tv_target": "DOUBLE",
-    "stop_reason": "VARCHAR",
-    "group_id": "VARCHAR",
-    "divergence_position": "INTEGER",
-    "software_version": "VARCHAR",
-    "writer": "VARCHAR",
-}
-
-POSITION_COLUMNS: dict[str, str] = {
-    "run_id": "VARCHAR",
-    "position": "INTEGER",
-    "block": "INTEGER",
-    "index_in_block": "INTEGER",
-    "kind": "VARCHAR",
-    "token": "INTEGER",
-    "draft_token": "INTEGER",
-    "p_token": "DOUBLE",
-    "p_draft": "DOUBLE",
-    "q_draft": "DOUBLE",
-    "accept_prob": "DOUBLE",
-    "u_draft": "DOUBLE",
-    "u_accept": "DOUBLE",
-    "u_fallback": "DOUBLE",
-    "alpha": "DOUBLE",
-    "tv_pq": "DOUBLE",
-    "entropy_p": "DOUBLE",
-    "entropy_q": "DOUBLE",
-    "overshoot": "DOUBLE",
-    "severe_overshoot": "DOUBLE",
-    "allowed_size": "INTEGER",
-    "allowed_mass": "DOUBLE",
-    "tv_target": "DOUBLE",
-    "tv_baseline": "DOUBLE",
-    "kl_target": "DOUBLE",
-    "p_top_ids": "INTEGER[]",
-    "p_top_probs": "DOUBLE[]",
-    "p_tail": "DOUBLE",
-    "q_top_ids": "INTEGER[]",
-    "q_top_probs": "DOUBLE[]",
-    "q_tail": "DOUBLE",
-    "token_text": "VARCHAR",
-    "draft_text": "VARCHAR",
-}
-_ARROW_SCHEMA = pa.schema(
-    [
-        pa.field(
-            name,
-            {
-                "VARCHAR": pa.string(), "INTEGER": pa.int32(), "DOUBLE": pa.float64(),
-                "INTEGER[]": pa.list_(pa.int32()), "DOUBLE[]": pa.list_(pa.float64()),
-            }[sql],
-        )
-        for name, sql in POSITION_COLUMNS.items()
-    ]
-)
-assert set(POSITION_COLUMNS) - {"run_id"} == {f.name for f in fields(PositionRecord)}
-
-AUDIT_COLUMNS: dict[str, str] = {
-    "audit_id": "VARCHAR PRIMARY KEY",
-    "created": "TIMESTAMP",
-    "layer": "VARCHAR",  # rule, engine or recorded
-    "implementation": "VARCHAR",
-    "verdict": "VARCHAR",  # pass or fail
-    "run_id": "VARCHAR",  # the audited run (recorded layer), else NULL
-    "summary": "VARCHAR",
-    "evidence": "VARCHAR",  # JSON: the audit's as_dict()
-    "software_version": "VARCHAR",
-}
-_CREATE_AUDITS = "CREATE TABLE IF NOT EXISTS audits (" + ", ".join(f"{name} {sql}" for name, sql in AUDIT_COLUMNS.items()) + ")"
-
-# Migrations from version N to N + 1, applied in order to older files.
-MIGRATIONS: dict[int, list[str]] = {1: [_CREATE_AUDITS]}
 
 
 def _json_default(value: Any) -> Any:
@@ -194,6 +112,37 @@ def _alive(tag: str | None) -> bool:
     return True
 
 
+# Files already checked in this process, so the dashboard's reruns do not look again:
+# writable files by device and inode; read-only ones also by size and modification time.
+_CHECKED: set[tuple] = set()
+
+
+def _identity(path: Path, with_content: bool) -> tuple:
+    stat = path.stat()
+    return (stat.st_dev, stat.st_ino) + ((stat.st_size, stat.st_mtime_ns) if with_content else ())
+
+
+def _blocking_file(path: Path) -> Path | None:
+    """The nearest existing ancestor of ``path`` when it is a file (so no folder can be made there)."""
+    for parent in path.parents:
+        if parent.exists():
+            return None if parent.is_dir() else parent
+    return None
+
+
+def _summary_from_positions(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, Any]:
+    """The summary columns that the stored positions determine: the token list, its length and
+    text (token texts joined), accepted drafts, target passes (blocks), block efficiency and
+    the distortion means. Used for a run whose writer died before it wrote them."""
+    tokens, count, text, accepted, blocks, mean_tv, mean_baseline, max_tv = con.execute(
+        "SELECT list(token ORDER BY position), count(*), string_agg(token_text, '' ORDER BY position), "
+        "count(*) FILTER (WHERE kind = 'accepted'), count(DISTINCT block), avg(tv_target), avg(tv_baseline), max(tv_target) "
+        "FROM positions WHERE run_id = ?", [run_id]).fetchone()
+    return {"tokens": list(tokens or []), "n_tokens": int(count), "output_text": text or "", "accepted": int(accepted),
+            "target_passes": int(blocks), "block_efficiency": count / blocks if blocks else None,
+            "mean_tv_target": mean_tv, "mean_tv_baseline": mean_baseline, "max_tv_target": max_tv}
+
+
 class Store:
     """A DuckDB file of runs. Every method opens and closes its own short connection."""
 
@@ -201,30 +150,41 @@ class Store:
         self.path = Path(path).expanduser() if path is not None else default_db_path()
         self.read_only = read_only
         self.lock_wait_s = lock_wait_s
+        if self.path.is_dir():
+            raise StoreError(f"{self.path} is a folder, not a database file; pass a file path such as {self.path / 'runs.duckdb'}")
         if read_only:
             if not self.path.is_file():
                 raise StoreError(f"no database at {self.path}; check the path")
-            self._check_version()
+            self._check_shared()
         else:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._make_folder()
             self._initialise()
-            self._reap_dead_writers()
 
     # -- connections --------------------------------------------------------------------------
 
-    @contextmanager
-    def connect(self, read_only: bool | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
-        """A short connection, retried while another process holds the lock (bounded wait)."""
-        read_only = self.read_only if read_only is None else read_only or self.read_only
+    def _translated(self, error: BaseException) -> StoreError:
+        """One line for a DuckDB or OS error: disk full, damaged file, or what DuckDB said."""
+        message = str(error).strip() or error.__class__.__name__
+        lower = message.lower()
+        if any(phrase in lower for phrase in _DISK_FULL):
+            reason = next(phrase for phrase in _DISK_FULL if phrase in lower)
+            return StoreFull(f"the disk holding {self.path} is full ({reason}); free some space or pass --db a file on "
+                             "another disk (runs already stored are kept)")
+        if any(phrase in lower for phrase in _DAMAGED):
+            return StoreError(f"{self.path} is not a readable DuckDB database (damaged, truncated or another format); "
+                              "move it aside or pass --db another file: nothing was changed")
+        return StoreError(f"cannot use {self.path}: {message.splitlines()[0][:300]}")
+
+    def _open(self, read_only: bool) -> duckdb.DuckDBPyConnection:
         deadline = time.monotonic() + self.lock_wait_s
         delay = 0.05
         while True:
             try:
-                connection = duckdb.connect(str(self.path), read_only=read_only)
-                break
-            except duckdb.IOException as error:
-                message = str(error)
-                if "lock" in message.lower():
+                return duckdb.connect(str(self.path), read_only=read_only)
+            except duckdb.Error as error:
+                # Another process holds the lock, or another thread of this one holds a
+                # connection opened read-only/read-write: wait for its turn (bounded).
+                if any(phrase in str(error).lower() for phrase in _BUSY):
                     if time.monotonic() >= deadline:
                         raise StoreBusy(
                             f"{self.path} is busy: another process has held it for {self.lock_wait_s:.0f} s; "
@@ -233,76 +193,103 @@ class Store:
                     time.sleep(delay)
                     delay = min(delay * 2, 0.5)
                     continue
-                if "not a valid DuckDB database" in message or "corrupt" in message.lower():
-                    raise StoreError(
-                        f"{self.path} is not a readable DuckDB database (corrupt or another format); "
-                        "move it aside or pass --db another file: nothing was changed"
-                    ) from None
-                raise StoreError(f"cannot open {self.path}: {message.splitlines()[0]}") from None
-            except duckdb.Error as error:
-                raise StoreError(f"cannot open {self.path}: {str(error).splitlines()[0]}") from None
+                raise self._translated(error) from None
+            except OSError as error:
+                raise self._translated(error) from None
+
+    @contextmanager
+    def connect(self, read_only: bool | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A short connection, retried while another process holds the lock (bounded wait); any
+        DuckDB error inside becomes a one-line ``StoreError``."""
+        read_only = self.read_only if read_only is None else read_only or self.read_only
+        connection = self._open(read_only)
         try:
             yield connection
+        except duckdb.Error as error:
+            raise self._translated(error) from None
         finally:
-            connection.close()
+            try:
+                connection.close()  # closing may checkpoint: a full disk can show up here
+            except duckdb.Error as error:
+                raise self._translated(error) from None
 
     # -- schema -------------------------------------------------------------------------------
 
-    def _initialise(self) -> None:
-        with self.connect() as con:
-            con.execute("CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR)")
-            row = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-            tables = {name for (name,) in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
-            if row is None and "runs" in tables:
-                raise StoreError(f"{self.path} has runs but no schema version; it was not written by this tool")
-            version = int(row[0]) if row else SCHEMA_VERSION
-            if version > SCHEMA_VERSION:
-                raise StoreError(
-                    f"{self.path} uses schema {version}, newer than this tool's {SCHEMA_VERSION}; upgrade the tool"
-                )
-            for step in range(version, SCHEMA_VERSION):
-                for statement in MIGRATIONS[step]:
-                    con.execute(statement)
-            con.execute(
-                "CREATE TABLE IF NOT EXISTS runs ("
-                + ", ".join(f"{name} {sql}" for name, sql in RUN_COLUMNS.items()) + ")"
-            )
-            con.execute(
-                "CREATE TABLE IF NOT EXISTS positions ("
-                + ", ".join(f"{name} {sql}" for name, sql in POSITION_COLUMNS.items())
-                + ", PRIMARY KEY (run_id, position))"
-            )
-            con.execute(_CREATE_AUDITS)
-            con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+    def _make_folder(self) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            blocking = _blocking_file(self.path) or self.path.parent
+            raise StoreError(f"cannot create {self.path}: {blocking} is a file, not a folder; pass --db a path inside a folder") from None
+        except OSError as error:
+            raise StoreError(f"cannot create the folder {self.path.parent}: {error.strerror or error}; pass --db a path you can write") from None
 
-    def _check_version(self) -> None:
+    def _initialise(self) -> None:
+        """Look at an existing file first (read-only); create or migrate only a file of this tool,
+        in one transaction; then reap the runs of writers that died."""
+        exists = self.path.exists()
+        if exists and self.path.stat().st_size == 0:
+            raise StoreError(f"{self.path} is an empty file, not a DuckDB database; delete it or pass --db another file: nothing was changed")
+        version, running = None, []
+        if exists:
+            known = _identity(self.path, with_content=False) in _CHECKED
+            with self.connect(read_only=not known) as con:
+                version, problem = schema_problem(con)
+                if problem:
+                    raise StoreError(f"{self.path} {problem}; nothing was changed")
+                if version is not None:
+                    running = con.execute("SELECT run_id, writer FROM runs WHERE status = 'running'").fetchall()
+        if version is None or version < SCHEMA_VERSION:
+            with self.connect() as con:
+                con.execute("BEGIN TRANSACTION")
+                try:
+                    if version is None:
+                        for statement in CREATE.values():
+                            con.execute(statement)
+                    else:
+                        for step in range(version, SCHEMA_VERSION):
+                            for statement in MIGRATIONS[step]:
+                                con.execute(statement)
+                    con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+                    con.execute("COMMIT")
+                except BaseException:
+                    con.execute("ROLLBACK")
+                    raise
+        _CHECKED.add(_identity(self.path, with_content=False))
+        dead = [run_id for run_id, writer in running if not _alive(writer)]
+        if dead:
+            self._reap(dead)
+
+    def _check_shared(self) -> None:
+        """A file opened read-only: its schema, then every value the pages read (once per content)."""
+        identity = ("shared", *_identity(self.path, with_content=True))
+        if identity in _CHECKED:
+            return
         with self.connect(read_only=True) as con:
-            try:
-                row = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-            except duckdb.CatalogException:
-                raise StoreError(f"{self.path} is not a runs database of this tool (no schema version)") from None
-        version = int(row[0]) if row else 0
-        if version > SCHEMA_VERSION:
-            raise StoreError(f"{self.path} uses schema {version}, newer than this tool's {SCHEMA_VERSION}; upgrade the tool")
-        if version < OLDEST_READABLE:
-            raise StoreError(
-                f"{self.path} uses schema {version}; open a copy without --read-only once to migrate it"
-            )
+            version, problem = schema_problem(con)
+            if problem is None and version is None:
+                problem = "is an empty database, not a runs file of this tool"
+            if problem is None:
+                problem = content_problem(con, has_audits=self._has_audits(con))
+                problem = problem and f"is not a runs file this tool can show: {problem}"
+        if problem:
+            raise StoreError(f"{self.path} {problem}; nothing was changed")
+        _CHECKED.add(identity)
 
     def schema_version(self) -> int:
         with self.connect(read_only=True) as con:
             return int(con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0])
 
-    def _reap_dead_writers(self) -> None:
-        """Runs left ``running`` by a process that no longer exists become ``interrupted``."""
+    def _reap(self, run_ids: list[str]) -> None:
+        """Runs left ``running`` by a process that no longer exists become ``interrupted``, with the
+        summary columns their positions determine (tokens, count, text, blocks, distortion)."""
         with self.connect() as con:
-            rows = con.execute("SELECT run_id, writer FROM runs WHERE status = 'running'").fetchall()
-            for run_id, writer in rows:
-                if not _alive(writer):
-                    con.execute(
-                        "UPDATE runs SET status = 'interrupted', error = 'the writing process ended before the run finished' "
-                        "WHERE run_id = ?", [run_id],
-                    )
+            for run_id in run_ids:
+                values = {**_summary_from_positions(con, run_id), "status": "interrupted", "finished": _now(),
+                          "stop_reason": "interrupted",
+                          "error": "the writing process ended before the run finished; kept what it stored"}
+                assignments = ", ".join(f"{key} = ?" for key in values)
+                con.execute(f"UPDATE runs SET {assignments} WHERE run_id = ? AND status = 'running'", [*values.values(), run_id])
 
     # -- writes -------------------------------------------------------------------------------
 
@@ -339,7 +326,7 @@ class Store:
             for name in POSITION_COLUMNS:
                 if name != "run_id":
                     columns[name].append(getattr(record, name))
-        batch = pa.table(columns, schema=_ARROW_SCHEMA)
+        batch = pa.table(columns, schema=ARROW_POSITIONS)
         with self.connect() as con:
             con.register("position_batch", batch)
             con.execute("INSERT INTO positions SELECT * FROM position_batch")
@@ -383,32 +370,45 @@ class Store:
     # -- queries ------------------------------------------------------------------------------
 
     def list_runs(self, status: str | None = None, search: str | None = None) -> pd.DataFrame:
-        """Runs, newest first, optionally filtered by status and by text in prompt, rule or models."""
+        """Runs, newest first, optionally filtered by status and by text in prompt, rule or models
+        (``search`` is matched literally: ``%`` and ``_`` are not wildcards). A run whose writer
+        is still going (or died in a read-only file) counts its stored positions as ``n_tokens``."""
         clauses, params = [], []
         if status:
             clauses.append("status = ?")
             params.append(status)
         if search:
-            clauses.append("(prompt ILIKE ? OR rule ILIKE ? OR target ILIKE ? OR draft ILIKE ?)")
-            params.extend([f"%{search}%"] * 4)
+            clauses.append("(" + " OR ".join(f"{column} ILIKE ? ESCAPE '\\'" for column in ("prompt", "rule", "target", "draft")) + ")")
+            literal = search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+            params.extend([f"%{literal}%"] * 4)
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        with self.connect(read_only=self.read_only) as con:
-            return con.execute(f"SELECT * FROM runs {where} ORDER BY created DESC", params).df()
+        with self.connect() as con:
+            return con.execute(
+                "SELECT * REPLACE (coalesce(n_tokens, (SELECT count(*) FROM positions p WHERE p.run_id = runs.run_id))::INTEGER AS n_tokens) "
+                f"FROM runs {where} ORDER BY created DESC", params).df()
 
     def _one(self, sql: str, params: list[Any]) -> dict[str, Any] | None:
         """One row as a plain dict (``None`` for SQL NULL), or ``None`` when there is no row."""
-        with self.connect(read_only=self.read_only) as con:
+        with self.connect() as con:
             cursor = con.execute(sql, params)
             row = cursor.fetchone()
             names = [column[0] for column in cursor.description]
         return dict(zip(names, row)) if row is not None else None
 
     def get_run(self, run_id: str) -> dict[str, Any] | None:
-        return self._one("SELECT * FROM runs WHERE run_id = ?", [run_id])
+        """One run as a dict; a run still being written (or whose writer died, in a file opened
+        read-only) gets its token list, count and text from its stored positions."""
+        row = self._one("SELECT * FROM runs WHERE run_id = ?", [run_id])
+        if row is not None and (row["tokens"] is None or row["n_tokens"] is None):
+            with self.connect() as con:
+                rebuilt = _summary_from_positions(con, run_id)
+            for key in ("tokens", "n_tokens", "output_text"):
+                row[key] = rebuilt[key]
+        return row
 
     def positions(self, run_id: str) -> pd.DataFrame:
         """Every recorded position of a run, in order."""
-        with self.connect(read_only=self.read_only) as con:
+        with self.connect() as con:
             return con.execute("SELECT * FROM positions WHERE run_id = ? ORDER BY position", [run_id]).df()
 
     def position(self, run_id: str, position: int) -> dict[str, Any] | None:
@@ -431,7 +431,8 @@ class Store:
             )
         return audit_id
 
-    def _has_audits(self, con: duckdb.DuckDBPyConnection) -> bool:
+    @staticmethod
+    def _has_audits(con: duckdb.DuckDBPyConnection) -> bool:
         # A read-only schema-1 file has no audits table: it simply has no audits.
         rows = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'audits'").fetchall()
         return bool(rows[0][0])
@@ -439,7 +440,7 @@ class Store:
     def list_audits(self, run_ids: list[str] | None = None) -> pd.DataFrame:
         """Audits, newest first (without the evidence JSON); only those of ``run_ids`` when given."""
         columns = [name for name in AUDIT_COLUMNS if name != "evidence"]
-        with self.connect(read_only=self.read_only) as con:
+        with self.connect() as con:
             if not self._has_audits(con):
                 return pd.DataFrame(columns=columns)
             where, params = "", []
@@ -450,17 +451,21 @@ class Store:
 
     def get_audit(self, audit_id: str) -> dict[str, Any] | None:
         """One audit with its evidence parsed back from JSON, or ``None``."""
-        with self.connect(read_only=self.read_only) as con:
+        with self.connect() as con:
             if not self._has_audits(con):
                 return None
-        row = self._one("SELECT * FROM audits WHERE audit_id = ?", [audit_id])
-        if row is not None:
-            row["evidence"] = json.loads(row["evidence"])
-        return row
+            cursor = con.execute("SELECT * FROM audits WHERE audit_id = ?", [audit_id])
+            row = cursor.fetchone()
+            names = [column[0] for column in cursor.description]
+        if row is None:
+            return None
+        audit = dict(zip(names, row))
+        audit["evidence"] = json.loads(audit["evidence"])
+        return audit
 
     def group(self, group_id: str) -> pd.DataFrame:
         """The coupled runs of one comparison, in the order they were run."""
-        with self.connect(read_only=self.read_only) as con:
+        with self.connect() as con:
             return con.execute("SELECT * FROM runs WHERE group_id = ? ORDER BY created", [group_id]).df()
 
 
@@ -490,72 +495,18 @@ class RunWriter:
         self.flush()
         self.store.finish_run(self.run_id, status, summary, error)
 
-
-# -- sharing ---------------------------------------------------------------------------------
-
-def export_runs(store: Store, run_ids: list[str], path: str | Path, fmt: str = "duckdb") -> Path:
-    """Write the selected runs (their positions, and in ``duckdb`` their audits) to one file another user can open read-only.
-
-    ``duckdb``: a database with this schema. ``parquet``: one table, each position row carrying
-    its run's columns prefixed ``run.``; ``import_runs`` turns it back into a database.
-    """
-    path = Path(path)
-    if not run_ids:
-        raise StoreError("select at least one run to export")
-    if path.exists():
-        path.unlink()
-    marks = ", ".join("?" for _ in run_ids)
-    with store.connect(read_only=True) as con:
-        runs = con.sql(f"SELECT * FROM runs WHERE run_id IN ({marks})", params=run_ids).to_arrow_table()
-        positions = con.sql(f"SELECT * FROM positions WHERE run_id IN ({marks}) ORDER BY run_id, position", params=run_ids).to_arrow_table()
-        audits = (con.sql(f"SELECT * FROM audits WHERE run_id IN ({marks})", params=run_ids).to_arrow_table()
-                  if store._has_audits(con) else None)
-    if fmt == "duckdb":
-        target = Store(path)
-        with target.connect() as con:
-            con.register("incoming_runs", runs)
-            con.register("incoming_positions", positions)
-            con.execute("INSERT INTO runs SELECT * FROM incoming_runs")
-            con.execute("INSERT INTO positions SELECT * FROM incoming_positions")
-            if audits is not None:  # the audits of the exported runs travel with them
-                con.register("incoming_audits", audits)
-                con.execute("INSERT INTO audits SELECT * FROM incoming_audits")
-        return path
-    if fmt == "parquet":
-        import pyarrow.parquet as pq
-
-        with duckdb.connect() as con:
-            con.register("r", runs)
-            con.register("p", positions)
-            columns = ", ".join(f'r."{name}" AS "run.{name}"' for name in RUN_COLUMNS)
-            table = con.sql(f"SELECT p.*, {columns} FROM p JOIN r USING (run_id) ORDER BY run_id, position").to_arrow_table()
-        pq.write_table(table, path)
-        return path
-    raise StoreError(f"unknown export format {fmt!r}; use duckdb or parquet")
-
-
-def import_runs(source: str | Path, destination: str | Path) -> Store:
-    """Make a shared file browsable: a DuckDB file is checked and opened read-only as is; a Parquet
-    export is rebuilt into the DuckDB file ``destination`` first."""
-    source = Path(source)
-    if source.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
+    def close_quietly(self, status: str, summary: dict[str, Any] | None = None, error: str | None = None) -> str | None:
+        """``finish`` for a run that is ending badly (an error, Ctrl-C, a full disk): flush and
+        record what can still be written, never raise. Returns why something could not be
+        written, or ``None`` when everything was."""
+        problem = None
         try:
-            table = pq.read_table(source)
-        except Exception as error:  # pyarrow raises several types for a bad file
-            raise StoreError(f"{source.name} is not a Parquet export of this tool ({error.__class__.__name__})") from None
-        names = table.column_names
-        if "run.run_id" not in names:
-            raise StoreError(f"{source.name} is not a Parquet export of this tool (no run columns)")
-        destination = Path(destination)
-        if destination.exists():
-            destination.unlink()
-        rebuilt = Store(destination)
-        with rebuilt.connect() as con:
-            con.register("shared", table)
-            run_columns = ", ".join(f'"run.{name}" AS {name}' for name in RUN_COLUMNS)
-            con.execute(f"INSERT INTO runs SELECT DISTINCT {run_columns} FROM shared")
-            con.execute(f"INSERT INTO positions SELECT {', '.join(POSITION_COLUMNS)} FROM shared")
-        return Store(destination, read_only=True)
-    return Store(source, read_only=True)
+            self.flush()
+        except StoreError as failure:
+            problem = str(failure)
+            self._buffer = []
+        try:
+            self.store.finish_run(self.run_id, status, summary, error)
+        except StoreError as failure:
+            problem = problem or str(failure)
+        return problem

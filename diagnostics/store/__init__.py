@@ -1,0 +1,30 @@
+"""DuckDB storage of runs, positions and audits: the only package that speaks SQL.
+
+``core`` (the ``Store``, ``RunWriter`` and errors), ``schema`` (tables, columns, the file check),
+``validation`` (value checks of a shared file), ``sharing`` (export and read-only import).
+"""
+
+from diagnostics.store.core import (
+    DEFAULT_DB,
+    LOCK_WAIT_S,
+    RunWriter,
+    Store,
+    StoreBusy,
+    StoreError,
+    StoreFull,
+    default_db_path,
+)
+from diagnostics.store.schema import (
+    AUDIT_COLUMNS,
+    KINDS,
+    POSITION_COLUMNS,
+    RUN_COLUMNS,
+    SCHEMA_VERSION,
+    STATUSES,
+)
+from diagnostics.store.sharing import export_runs, import_runs
+
+__all__ = [
+    "AUDIT_COLUMNS", "DEFAULT_DB", "KINDS", "LOCK_WAIT_S", "POSITION_COLUMNS", "RUN_COLUMNS", "SCHEMA_VERSION",
+    "STATUSES", "RunWriter", "Store", "StoreBusy", "StoreError", "StoreFull", "default_db_path", "export_runs", "import_runs",
+]

@@ -1,0 +1,207 @@
+"""The shape of a runs database: tables, columns, types, versions, and the check that a file has it.
+
+A file is this tool's when its ``meta`` table names a schema version this tool knows and every
+table of that version has exactly this tool's columns, in order, with these types. Anything
+else is refused *before* anything is written (``schema_problem`` only reads).
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+import duckdb
+import pyarrow as pa
+
+from diagnostics.engine import PositionRecord
+
+SCHEMA_VERSION = 2
+# Read-only opens accept files this old: newer schemas only added tables, read as empty.
+OLDEST_READABLE = 1
+STATUSES = ("running", "complete", "interrupted", "failed")
+KINDS = ("accepted", "rejected", "bonus")
+
+META_COLUMNS: dict[str, str] = {"key": "VARCHAR PRIMARY KEY", "value": "VARCHAR"}
+
+RUN_COLUMNS: dict[str, str] = {
+    "run_id": "VARCHAR PRIMARY KEY",
+    "created": "TIMESTAMP",
+    "finished": "TIMESTAMP",
+    "status": "VARCHAR",
+    "error": "VARCHAR",
+    "target": "VARCHAR",
+    "draft": "VARCHAR",
+    "rule": "VARCHAR",
+    "rule_name": "VARCHAR",
+    "rule_params": "VARCHAR",
+    "policy": "VARCHAR",
+    "draft_policy": "VARCHAR",
+    "gamma": "INTEGER",
+    "seed": "BIGINT",
+    "max_new_tokens": "INTEGER",
+    "prompt": "VARCHAR",
+    "prompt_ids": "INTEGER[]",
+    "raw_prompt": "BOOLEAN",
+    "output_text": "VARCHAR",
+    "tokens": "INTEGER[]",
+    "n_tokens": "INTEGER",
+    "drafted": "INTEGER",
+    "accepted": "INTEGER",
+    "target_passes": "INTEGER",
+    "acceptance_rate": "DOUBLE",
+    "block_efficiency": "DOUBLE",
+    "tokens_per_s": "DOUBLE",
+    "time_s": "DOUBLE",
+    "mean_tv_target": "DOUBLE",
+    "mean_tv_baseline": "DOUBLE",
+    "max_tv_target": "DOUBLE",
+    "stop_reason": "VARCHAR",
+    "group_id": "VARCHAR",
+    "divergence_position": "INTEGER",
+    "software_version": "VARCHAR",
+    "writer": "VARCHAR",
+}
+
+POSITION_COLUMNS: dict[str, str] = {
+    "run_id": "VARCHAR",
+    "position": "INTEGER",
+    "block": "INTEGER",
+    "index_in_block": "INTEGER",
+    "kind": "VARCHAR",
+    "token": "INTEGER",
+    "draft_token": "INTEGER",
+    "p_token": "DOUBLE",
+    "p_draft": "DOUBLE",
+    "q_draft": "DOUBLE",
+    "accept_prob": "DOUBLE",
+    "u_draft": "DOUBLE",
+    "u_accept": "DOUBLE",
+    "u_fallback": "DOUBLE",
+    "alpha": "DOUBLE",
+    "tv_pq": "DOUBLE",
+    "entropy_p": "DOUBLE",
+    "entropy_q": "DOUBLE",
+    "overshoot": "DOUBLE",
+    "severe_overshoot": "DOUBLE",
+    "allowed_size": "INTEGER",
+    "allowed_mass": "DOUBLE",
+    "tv_target": "DOUBLE",
+    "tv_baseline": "DOUBLE",
+    "kl_target": "DOUBLE",
+    "p_top_ids": "INTEGER[]",
+    "p_top_probs": "DOUBLE[]",
+    "p_tail": "DOUBLE",
+    "q_top_ids": "INTEGER[]",
+    "q_top_probs": "DOUBLE[]",
+    "q_tail": "DOUBLE",
+    "token_text": "VARCHAR",
+    "draft_text": "VARCHAR",
+}
+POSITIONS_KEY = ", PRIMARY KEY (run_id, position)"
+ARROW_POSITIONS = pa.schema(
+    [
+        pa.field(
+            name,
+            {
+                "VARCHAR": pa.string(), "INTEGER": pa.int32(), "DOUBLE": pa.float64(),
+                "INTEGER[]": pa.list_(pa.int32()), "DOUBLE[]": pa.list_(pa.float64()),
+            }[sql],
+        )
+        for name, sql in POSITION_COLUMNS.items()
+    ]
+)
+assert set(POSITION_COLUMNS) - {"run_id"} == {f.name for f in fields(PositionRecord)}
+
+AUDIT_COLUMNS: dict[str, str] = {
+    "audit_id": "VARCHAR PRIMARY KEY",
+    "created": "TIMESTAMP",
+    "layer": "VARCHAR",  # rule, engine or recorded
+    "implementation": "VARCHAR",
+    "verdict": "VARCHAR",  # pass or fail
+    "run_id": "VARCHAR",  # the audited run (recorded layer), else NULL
+    "summary": "VARCHAR",
+    "evidence": "VARCHAR",  # JSON: the audit's as_dict()
+    "software_version": "VARCHAR",
+}
+
+
+def create_statement(table: str, columns: dict[str, str], suffix: str = "") -> str:
+    return f"CREATE TABLE IF NOT EXISTS {table} (" + ", ".join(f"{name} {sql}" for name, sql in columns.items()) + suffix + ")"
+
+
+CREATE = {
+    "meta": create_statement("meta", META_COLUMNS),
+    "runs": create_statement("runs", RUN_COLUMNS),
+    "positions": create_statement("positions", POSITION_COLUMNS, POSITIONS_KEY),
+    "audits": create_statement("audits", AUDIT_COLUMNS),
+}
+# Migrations from version N to N + 1, applied in order to older files.
+MIGRATIONS: dict[int, list[str]] = {1: [CREATE["audits"]]}
+
+
+def tables_of(version: int) -> dict[str, dict[str, str]]:
+    """The tables (and their columns) a file of schema ``version`` has."""
+    tables = {"meta": META_COLUMNS, "runs": RUN_COLUMNS, "positions": POSITION_COLUMNS}
+    if version >= 2:
+        tables["audits"] = AUDIT_COLUMNS
+    return tables
+
+
+def _sql_type(declared: str) -> str:
+    return declared.split()[0]  # "VARCHAR PRIMARY KEY" -> "VARCHAR"
+
+
+def existing_tables(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, str]]:
+    """Every table of the file's main schema with its columns (in order) and their types."""
+    rows = con.execute(
+        "SELECT table_name, column_name, data_type FROM information_schema.columns "
+        "WHERE table_schema = 'main' ORDER BY table_name, ordinal_position"
+    ).fetchall()
+    tables: dict[str, dict[str, str]] = {}
+    for table, column, data_type in rows:
+        tables.setdefault(table, {})[column] = data_type
+    return tables
+
+
+def _columns_problem(table: str, actual: dict[str, str], expected: dict[str, str]) -> str | None:
+    missing = [name for name in expected if name not in actual]
+    extra = [name for name in actual if name not in expected]
+    if missing or extra:
+        parts = ([f"missing {', '.join(missing[:5])}"] if missing else []) + ([f"unexpected {', '.join(extra[:5])}"] if extra else [])
+        return f"its table {table} has other columns than this tool writes ({'; '.join(parts)})"
+    if list(actual) != list(expected):
+        return f"its table {table} has this tool's columns in another order"
+    for name, declared in expected.items():
+        if actual[name] != _sql_type(declared):
+            return f"its column {table}.{name} is {actual[name]}, not {_sql_type(declared)}"
+    return None
+
+
+def schema_problem(con: duckdb.DuckDBPyConnection) -> tuple[int | None, str | None]:
+    """``(version, None)`` for a file of this tool, ``(None, None)`` for an empty database, else
+    ``(None, why)``: one phrase that completes "<path> …". Only reads."""
+    tables = existing_tables(con)
+    if not tables:
+        return None, None
+    if "meta" not in tables:
+        return None, "is not a runs database of this tool (it has tables but no meta table with a schema version)"
+    problem = _columns_problem("meta", tables["meta"], META_COLUMNS)
+    if problem:
+        return None, problem
+    row = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    if row is None or row[0] is None:
+        return None, "is not a runs database of this tool (its meta table has no schema version)"
+    text = str(row[0]).strip()
+    if not (text.isascii() and text.isdigit()):
+        return None, f"has schema version {text[:20]!r}, not a whole number: it was not written by this tool, or it is damaged"
+    version = int(text)
+    if version > SCHEMA_VERSION:
+        return None, f"uses schema {version}, newer than this tool's {SCHEMA_VERSION}; upgrade the tool"
+    if version < OLDEST_READABLE:
+        return None, f"uses schema {version}, which no version of this tool wrote"
+    for table, columns in tables_of(version).items():
+        if table not in tables:
+            return None, f"claims schema {version} but has no {table} table"
+        problem = _columns_problem(table, tables[table], columns)
+        if problem:
+            return None, problem
+    return version, None

@@ -1,0 +1,104 @@
+"""Sharing runs: export the selected runs as one file, and open a colleague's file read-only.
+
+A shared file is untrusted: ``import_runs`` opens a DuckDB file read-only (so it is checked,
+schema and values, before any page reads it, and never written), and rebuilds a Parquet export
+into a fresh DuckDB file only after checking its columns and types.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+
+from diagnostics.store.core import Store, StoreError
+from diagnostics.store.schema import POSITION_COLUMNS, RUN_COLUMNS
+
+
+def export_runs(store: Store, run_ids: list[str], path: str | Path, fmt: str = "duckdb") -> Path:
+    """Write the selected runs (their positions, and in ``duckdb`` their audits) to one file another user can open read-only.
+
+    ``duckdb``: a database with this schema. ``parquet``: one table, each position row carrying
+    its run's columns prefixed ``run.``; ``import_runs`` turns it back into a database.
+    """
+    path = Path(path)
+    if not run_ids:
+        raise StoreError("select at least one run to export")
+    if fmt not in ("duckdb", "parquet"):
+        raise StoreError(f"unknown export format {fmt!r}; use duckdb or parquet")
+    if path.exists():
+        path.unlink()
+    marks = ", ".join("?" for _ in run_ids)
+    with store.connect(read_only=True) as con:
+        runs = con.sql(f"SELECT * FROM runs WHERE run_id IN ({marks})", params=run_ids).to_arrow_table()
+        positions = con.sql(f"SELECT * FROM positions WHERE run_id IN ({marks}) ORDER BY run_id, position", params=run_ids).to_arrow_table()
+        audits = (con.sql(f"SELECT * FROM audits WHERE run_id IN ({marks})", params=run_ids).to_arrow_table()
+                  if store._has_audits(con) else None)
+    if fmt == "duckdb":
+        target = Store(path)
+        with target.connect() as con:
+            con.register("incoming_runs", runs)
+            con.register("incoming_positions", positions)
+            con.execute("INSERT INTO runs SELECT * FROM incoming_runs")
+            con.execute("INSERT INTO positions SELECT * FROM incoming_positions")
+            if audits is not None:  # the audits of the exported runs travel with them
+                con.register("incoming_audits", audits)
+                con.execute("INSERT INTO audits SELECT * FROM incoming_audits")
+        return path
+    import pyarrow.parquet as pq
+
+    with duckdb.connect() as con:
+        con.register("r", runs)
+        con.register("p", positions)
+        columns = ", ".join(f'r."{name}" AS "run.{name}"' for name in RUN_COLUMNS)
+        table = con.sql(f"SELECT p.*, {columns} FROM p JOIN r USING (run_id) ORDER BY run_id, position").to_arrow_table()
+    pq.write_table(table, path)
+    return path
+
+
+def _parquet_problem(table) -> str | None:
+    """Why a Parquet table is not this tool's export (missing or mistyped columns), or ``None``."""
+    with duckdb.connect() as con:
+        con.register("shared", table)
+        types = {name: kind for name, kind, *_ in con.execute("DESCRIBE shared").fetchall()}
+    expected = {**{name: sql.split()[0] for name, sql in POSITION_COLUMNS.items()},
+                **{f"run.{name}": sql.split()[0] for name, sql in RUN_COLUMNS.items()}}
+    missing = [name for name in expected if name not in types]
+    if missing:
+        return f"it lacks the column {missing[0]!r}" + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")
+    for name, kind in expected.items():
+        if types[name] != kind:
+            return f"its column {name!r} is {types[name]}, not {kind}"
+    return None
+
+
+def import_runs(source: str | Path, destination: str | Path) -> Store:
+    """Make a shared file browsable: a DuckDB file is checked (schema and values) and opened
+    read-only as it is; a Parquet export is checked, rebuilt into the DuckDB file ``destination``
+    and that is checked the same way. Refuses with one line naming what is wrong."""
+    source = Path(source)
+    if source.suffix != ".parquet":
+        return Store(source, read_only=True)
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(source)
+    except Exception as error:  # pyarrow raises several types for a bad file
+        raise StoreError(f"{source.name} is not a Parquet export of this tool ({error.__class__.__name__})") from None
+    problem = "it has no run columns" if "run.run_id" not in table.column_names else _parquet_problem(table)
+    if problem:
+        raise StoreError(f"{source.name} is not a Parquet export of this tool: {problem}")
+    destination = Path(destination)
+    if destination.exists():
+        destination.unlink()
+    rebuilt = Store(destination)
+    try:
+        with rebuilt.connect() as con:
+            con.register("shared", table)
+            run_columns = ", ".join(f'"run.{name}" AS {name}' for name in RUN_COLUMNS)
+            con.execute(f"INSERT INTO runs SELECT DISTINCT {run_columns} FROM shared")
+            con.execute(f"INSERT INTO positions SELECT {', '.join(POSITION_COLUMNS)} FROM shared")
+        return Store(destination, read_only=True)
+    except StoreError as error:
+        destination.unlink(missing_ok=True)
+        raise StoreError(f"{source.name} cannot be opened: {error}") from None

@@ -1,0 +1,141 @@
+"""Content checks of a shared runs file, run once when it is opened read-only.
+
+The schema check (``schema.schema_problem``) says the tables have this tool's shape; this says
+every value the pages and the report read is one they can show: required text present, JSON
+that parses into what it should, rule specs and drafters that parse, statuses and kinds from
+the known sets, probabilities in [0, 1], token ids non-negative, positions numbered 0 … n − 1,
+top-k lists of equal length, and audit evidence with the structure of its layer. The first
+problem found is returned as one phrase; a file with none renders on every page and in reports.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import duckdb
+
+from diagnostics.store.schema import KINDS, STATUSES
+
+# (what is wrong, a query returning one example row when it is) for runs and positions.
+_RUN_CHECKS: list[tuple[str, str]] = [
+    *[(f"a run has no {column}", f"SELECT run_id FROM runs WHERE {column} IS NULL LIMIT 1")
+      for column in ("run_id", "status", "rule", "prompt", "target")],
+    ("two runs share the id {0}", "SELECT run_id FROM runs GROUP BY run_id HAVING count(*) > 1 LIMIT 1"),
+    ("run {0} has an unknown status {1!r}", "SELECT run_id, status FROM runs WHERE status NOT IN ({statuses}) LIMIT 1"),
+    ("run {0} has a negative gamma, seed, token budget or divergence position",
+     "SELECT run_id FROM runs WHERE gamma < 0 OR seed < 0 OR max_new_tokens < 0 OR divergence_position < 0 LIMIT 1"),
+    ("run {0} has a negative token id in its prompt or output",
+     "SELECT run_id FROM runs WHERE list_min(prompt_ids) < 0 OR list_min(tokens) < 0 "
+     "OR list_count(prompt_ids) < len(prompt_ids) OR list_count(tokens) < len(tokens) LIMIT 1"),
+]
+_POSITION_CHECKS: list[tuple[str, str]] = [
+    ("a position row has no run id, position, kind or token",
+     "SELECT run_id FROM positions WHERE run_id IS NULL OR position IS NULL OR kind IS NULL OR token IS NULL LIMIT 1"),
+    ("positions of run {0} belong to no run", "SELECT run_id FROM positions ANTI JOIN runs USING (run_id) LIMIT 1"),
+    ("run {0} has position {1} twice", "SELECT run_id, position FROM positions GROUP BY run_id, position HAVING count(*) > 1 LIMIT 1"),
+    ("the positions of run {0} are not numbered 0 … n − 1",
+     "SELECT run_id FROM positions GROUP BY run_id HAVING min(position) <> 0 OR max(position) <> count(*) - 1 LIMIT 1"),
+    ("run {0} has a position of unknown kind {1!r}", "SELECT run_id, kind FROM positions WHERE kind NOT IN ({kinds}) LIMIT 1"),
+    ("run {0} has a negative token id at position {1}",
+     "SELECT run_id, position FROM positions WHERE token < 0 OR draft_token < 0 OR list_min(p_top_ids) < 0 "
+     "OR list_min(q_top_ids) < 0 OR list_count(p_top_ids) < len(p_top_ids) OR list_count(q_top_ids) < len(q_top_ids) LIMIT 1"),
+    ("run {0} has a probability outside [0, 1] at position {1}",
+     "SELECT run_id, position FROM positions WHERE "
+     + " OR ".join(f"NOT ({column} BETWEEN -1e-9 AND 1 + 1e-9)" for column in
+                   ("p_token", "p_draft", "q_draft", "accept_prob", "u_draft", "u_accept", "u_fallback",
+                    "alpha", "p_tail", "q_tail", "allowed_mass"))
+     + " OR list_count(list_filter(p_top_probs, lambda x: NOT (x BETWEEN -1e-9 AND 1 + 1e-9))) > 0"
+     " OR list_count(list_filter(q_top_probs, lambda x: NOT (x BETWEEN -1e-9 AND 1 + 1e-9))) > 0"
+     " OR list_count(p_top_probs) < len(p_top_probs) OR list_count(q_top_probs) < len(q_top_probs) LIMIT 1"),
+    ("run {0} has top-k ids and probabilities of different lengths at position {1}",
+     "SELECT run_id, position FROM positions WHERE (p_top_ids IS NULL) <> (p_top_probs IS NULL) "
+     "OR len(p_top_ids) <> len(p_top_probs) OR (q_top_ids IS NULL) <> (q_top_probs IS NULL) "
+     "OR len(q_top_ids) <> len(q_top_probs) LIMIT 1"),
+]
+_AUDIT_CHECKS: list[tuple[str, str]] = [
+    ("an audit has no id, layer, verdict or evidence",
+     "SELECT audit_id FROM audits WHERE audit_id IS NULL OR layer IS NULL OR verdict IS NULL OR evidence IS NULL LIMIT 1"),
+    ("two audits share the id {0}", "SELECT audit_id FROM audits GROUP BY audit_id HAVING count(*) > 1 LIMIT 1"),
+    ("audit {0} has an unknown layer or verdict",
+     "SELECT audit_id FROM audits WHERE layer NOT IN ('rule', 'engine', 'recorded') OR verdict NOT IN ('pass', 'fail') LIMIT 1"),
+]
+
+
+def _quoted(values: tuple[str, ...]) -> str:
+    return ", ".join(f"'{value}'" for value in values)
+
+
+def _first(con: duckdb.DuckDBPyConnection, checks: list[tuple[str, str]]) -> str | None:
+    for message, sql in checks:
+        row = con.execute(sql.format(statuses=_quoted(STATUSES), kinds=_quoted(KINDS))).fetchone()
+        if row is not None:
+            return message.format(*(str(value)[:60] for value in row))
+    return None
+
+
+def _json_object(text: str | None) -> dict | None:
+    """The JSON object in ``text`` (``None`` stays ``None``); raises ``ValueError`` otherwise."""
+    if text is None:
+        return None
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError("not a JSON object")
+    return value
+
+
+def _run_values_problem(con: duckdb.DuckDBPyConnection) -> str | None:
+    """Rule specs, drafters and policies parse; JSON columns hold objects."""
+    from diagnostics.models import ModelError, parse_draft
+    from diagnostics.policy import Policy, PolicyError
+    from diagnostics.rules import RuleError, get_rule
+
+    for (rule,) in con.execute("SELECT DISTINCT rule FROM runs").fetchall():
+        try:
+            get_rule(rule)
+        except RuleError:
+            return f"a run has the unknown rule spec {rule[:60]!r}"
+    for (draft,) in con.execute("SELECT DISTINCT draft FROM runs WHERE draft IS NOT NULL").fetchall():
+        if draft.startswith("none"):
+            continue
+        try:
+            parse_draft(draft)
+        except ModelError:
+            return f"a run has the unknown drafter {draft[:60]!r}"
+    for column in ("policy", "draft_policy", "rule_params"):
+        for (text,) in con.execute(f"SELECT DISTINCT {column} FROM runs WHERE {column} IS NOT NULL").fetchall():
+            try:
+                value = _json_object(text)
+                if column != "rule_params":
+                    unknown = set(value) - set(Policy.__dataclass_fields__)
+                    if unknown:
+                        raise ValueError(f"unknown key {sorted(unknown)[0]!r}")
+                    Policy(**value)
+            except (ValueError, TypeError, PolicyError) as error:
+                return f"a run's {column} is not a valid policy ({str(error).splitlines()[0][:80]})"
+    return None
+
+
+def _audits_problem(con: duckdb.DuckDBPyConnection) -> str | None:
+    from diagnostics.audit.reporting import evidence_problem
+
+    problem = _first(con, _AUDIT_CHECKS)
+    if problem:
+        return problem
+    for audit_id, layer, verdict, text in con.execute("SELECT audit_id, layer, verdict, evidence FROM audits").fetchall():
+        try:
+            evidence: Any = _json_object(text)
+        except ValueError:
+            return f"the evidence of audit {audit_id} is not a JSON object"
+        problem = evidence_problem(evidence)
+        if problem is None and (evidence.get("layer") != layer or evidence.get("verdict") != verdict):
+            problem = "its layer or verdict differs from the audit row's"
+        if problem:
+            return f"the evidence of audit {audit_id} {problem}"
+    return None
+
+
+def content_problem(con: duckdb.DuckDBPyConnection, has_audits: bool) -> str | None:
+    """The first value a page or report could not show, as a phrase, or ``None``."""
+    return (_first(con, _RUN_CHECKS) or _run_values_problem(con) or _first(con, _POSITION_CHECKS)
+            or (_audits_problem(con) if has_audits else None))
