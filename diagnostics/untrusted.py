@@ -62,5 +62,6 @@ def markdown_literal(text: object, limit: int | None = None) -> str:
     shown = visible(text, limit=limit)
     if not shown:
         return "` `"
-    # ":material/x:" would be rewritten by Streamlit's front end even in code: split it there.
-    return "".join(_code_span(piece) for piece in re.split(r"(?<=:material)(?=/)", shown))
+    # ":material/x:" would be rewritten by Streamlit's front end even in code: the slash goes
+    # between two spans as plain text (adjacent spans would merge their backtick fences).
+    return "/".join(_code_span(piece) if piece else "" for piece in re.split(r"(?<=:material)/", shown))

@@ -39,7 +39,7 @@ def test_rule_level_audit_of_a_planted_bug_fails_with_evidence(database) -> None
     at.button(key="audit_rule_go").click()
     at.run(timeout=180)
     assert not at.exception, [e.value for e in at.exception]
-    assert at.error and at.error[0].value.startswith("**FAIL** · rule · planted\\:residual\\_softmax")
+    assert at.error and at.error[0].value.startswith("**FAIL** · ` rule · planted:residual_softmax")
     assert len(at.get("plotly_chart")) == 1 and len(at.dataframe) >= 1
     stored = Store(database, read_only=True).list_audits()
     assert stored["verdict"].tolist() == ["fail"] and stored["layer"].tolist() == ["rule"]
@@ -54,7 +54,7 @@ def test_engine_level_audit_of_our_engine_passes(database) -> None:
     at.button(key="audit_engine_go").click()
     at.run(timeout=180)
     assert not at.exception, [e.value for e in at.exception]
-    assert at.success and at.success[0].value.startswith("**PASS** · engine · ours")
+    assert at.success and at.success[0].value.startswith("**PASS** · ` engine · ours")
     assert len(at.get("plotly_chart")) == 1  # the PIT histogram
 
 

@@ -127,3 +127,46 @@ def test_untrusted_token_text_is_escaped_on_inspect(tmp_path: Path, monkeypatch)
     at = _open(query={"run": run_id})
     strip = _html(at)
     assert "<script>" not in strip and "<img" not in strip and "&lt;script&gt;" in strip
+
+
+def test_a_run_naming_another_model_asks_before_loading_it(populated, tiny_folder: str, monkeypatch) -> None:
+    """A run's target that is not the app's configured one (a shared file can name any folder) is
+    loaded only after a click on a button that names it, never on page load."""
+    monkeypatch.setenv("SPECLAB_TARGET", "default")
+    from views import common
+
+    loads: list[str] = []
+    monkeypatch.setattr(common, "load_model", lambda spec, **kwargs: loads.append(spec) or load_model(spec))
+    common.try_model.clear()
+    at = _open(query={"run": populated["run_id"], "pos": "3"})
+    buttons = [button for button in at.button if button.key == "inspect_load_models"]
+    assert len(buttons) == 1 and f"` {tiny_folder} `" in buttons[0].label and loads == []
+    assert "rebuilt from the stored top-20" in " ".join(caption.value for caption in at.caption)
+    buttons[0].click().run()
+    assert not at.exception and loads == [tiny_folder]
+    assert "exact" in " ".join(caption.value for caption in at.caption)
+    common.try_model.clear()
+
+
+@pytest.mark.parametrize("pos", ["²", "-1", "1e3", "99999999999", "3 "])
+def test_a_position_in_the_link_that_is_not_a_position_is_ignored(populated, pos: str) -> None:
+    """'²'.isdigit() is true and int('²') raises: only ASCII digits in range select a position."""
+    at = _open(query={"run": populated["run_id"], "pos": pos})
+    assert "Position 0:" in " ".join(header.value for header in at.subheader)
+
+
+def test_the_early_exit_default_follows_the_target(populated, tiny_folder: str) -> None:
+    """The forms default to the last-but-one layer of a shallow target (the tiny one has 2), to 26
+    on the embedded model, and refresh the default when the target changes."""
+    for page, prefix in (("views/run.py", "run"), ("views/compare.py", "cmp")):
+        at = _open(page)
+        assert at.number_input(key=f"{prefix}_layer_2").value == 1
+        at.text_input(key=f"{prefix}_target").set_value("default").run()
+        assert at.number_input(key=f"{prefix}_layer_30").value == 26
+    at = _open("views/run.py")
+    at.text_area(key="run_prompt").set_value("w1 w2 w3 w1 w2")
+    at.checkbox(key="run_raw").check()
+    at.number_input(key="run_max_tokens").set_value(6)
+    at.button(key="run_start").click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert Store(populated["db"]).list_runs().iloc[0]["draft"] == "early-exit:1"

@@ -180,3 +180,137 @@ def test_ctrl_c_keeps_the_run_marked_interrupted(tmp_path: Path) -> None:
     assert process.returncode == 130 and "interrupted" in err, err[-2000:]
     row = Store(db).list_runs().iloc[0]
     assert row["status"] == "interrupted" and 0 < len(Store(db).positions(row["run_id"])) < 200
+
+
+def test_report_output_and_database_paths_are_checked(capsys, tiny_folder: str, tmp_path: Path) -> None:
+    """-o into a missing folder or onto a folder, --db under a file, a file with schema 'two': one line each."""
+    db = tmp_path / "runs.duckdb"
+    status, lines, _ = _run(capsys, "run", "--prompt", "w1 w2", "--target", tiny_folder, "--draft", "ngram:2", "--raw",
+                            "--max-new-tokens", "4", "--db", str(db), "--no-progress")
+    run_id = lines[0]["run_id"]
+    cases = [
+        (["report", run_id, "--db", str(db), "-o", str(tmp_path / "missing" / "r.html")], f"the folder {tmp_path / 'missing'} does not exist"),
+        (["report", run_id, "--db", str(db), "-o", str(tmp_path)], f"{tmp_path} is a folder; give -o a file name"),
+        (["run", "--prompt", "w1", "--target", tiny_folder, "--draft", "none", "--db", str(db / "x.duckdb")],
+         f"cannot create {db}/x.duckdb: {db} is a file, not a folder"),
+        (["audit", "--real-positions", "-1"], "--real-positions must be >= 0"),
+    ]
+    for argv, fragment in cases:
+        status, out, err = _run(capsys, *argv)
+        assert status == 2 and not out and err.startswith("error: ") and fragment in err and err.count("\n") == 1, err
+    import duckdb
+
+    with duckdb.connect(str(db)) as con:
+        con.execute("UPDATE meta SET value = 'two' WHERE key = 'schema_version'")
+    before = db.read_bytes()
+    for argv in (["report", run_id, "--db", str(db), "-o", str(tmp_path / "r.html")], ["audit", "--run", run_id, "--db", str(db)],
+                 ["run", "--prompt", "w1", "--target", tiny_folder, "--draft", "none", "--db", str(db)]):
+        status, out, err = _run(capsys, *argv)
+        assert status == 2 and "has schema version 'two', not a whole number" in err and err.count("\n") == 1, err
+    assert db.read_bytes() == before
+
+
+def test_a_recorded_audit_loads_the_runs_models_only_when_asked(capsys, tiny_folder: str, tmp_path: Path) -> None:
+    """A database can name any folder as a run's target: `audit --run` loads it only with --load-models."""
+    db = tmp_path / "runs.duckdb"
+    _, lines, _ = _run(capsys, "run", "--prompt", "w1 w2 w3", "--target", tiny_folder, "--draft", "ngram:2", "--raw",
+                       "--max-new-tokens", "8", "--db", str(db), "--no-progress")
+    status, out, err = _run(capsys, "audit", "--run", lines[0]["run_id"], "--db", str(db))
+    assert status == 0 and out[0]["p_recomputed"] is False and out[0]["verdict"] == "pass"
+    assert f"the run names {tiny_folder}; pass --load-models" in err
+    status, out, err = _run(capsys, "audit", "--run", lines[0]["run_id"], "--db", str(db), "--load-models")
+    assert status == 0 and out[0]["p_recomputed"] is True and out[0]["verdict"] == "pass"
+
+
+def _start_and_wait(db: Path, tokens: int, *argv: str) -> tuple[subprocess.Popen, list[bytes]]:
+    """A CLI run on the embedded model (slow enough to stop), returned once its progress bar shows ``tokens``."""
+    import re
+    import threading
+
+    process = _cli("run", "--db", str(db), *argv, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    chunks: list[bytes] = []
+
+    def read() -> None:
+        while chunk := os.read(process.stderr.fileno(), 4096):
+            chunks.append(chunk)
+
+    threading.Thread(target=read, daemon=True).start()
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and process.poll() is None:
+        counts = [int(found) for found in re.findall(rb"(\d+)/\d+ \[", b"".join(chunks))]
+        if counts and max(counts) >= tokens:
+            break
+        time.sleep(0.05)
+    return process, chunks
+
+
+def test_a_killed_writer_leaves_a_run_whose_audit_passes(capsys, tmp_path: Path) -> None:
+    """kill -9 halfway: the run is reaped as interrupted with every stored position, its tokens and
+    text rebuilt from them, and the recorded-run audit (p recomputed) passes."""
+    db = tmp_path / "runs.duckdb"
+    process, _ = _start_and_wait(db, 24, "--prompt", "Tell a long story about a lighthouse.", "--rule", "lossless",
+                                 "--draft", "early-exit:26", "--gamma", "3", "--max-new-tokens", "300")
+    time.sleep(1.5)  # let the writer flush a batch (every second)
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=60)
+    store = Store(db)  # reaps the dead writer's run
+    row = store.list_runs().iloc[0]
+    run = store.get_run(row["run_id"])
+    count = len(store.positions(row["run_id"]))
+    assert run["status"] == "interrupted" and 0 < count < 300
+    assert run["n_tokens"] == count and len(run["tokens"]) == count and run["output_text"]
+    status, out, _ = _run(capsys, "audit", "--run", row["run_id"], "--db", str(db))
+    assert status == 0 and out[0]["p_recomputed"] is True and out[0]["verdict"] == "pass", out[0]["flags"][:3]
+    assert out[0]["positions"] == count
+
+
+def _small_disk(folder: Path) -> bool:
+    """Make ``folder`` an 8 MB tmpfs; ``False`` where mounting is not allowed (not root, a sandbox)
+    or ``SPECLAB_TEST_RLIMIT`` asks for the file-size-limit path instead."""
+    folder.mkdir()
+    if os.environ.get("SPECLAB_TEST_RLIMIT"):
+        return False
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(folder)], capture_output=True).returncode == 0
+
+
+def test_a_full_disk_is_one_line_and_keeps_earlier_runs(capsys, tiny_folder: str, tmp_path: Path) -> None:
+    """The database's disk fills during a run: `error: the disk … is full`, exit 2, earlier runs intact,
+    no run left 'running'. A real full tmpfs when this machine lets the test mount one; otherwise
+    the process's file-size limit (RLIMIT_FSIZE), which fails the same writes with EFBIG."""
+    import resource
+
+    folder = tmp_path / "small"
+    mounted = _small_disk(folder)
+    try:
+        db = folder / "runs.duckdb"
+        _, lines, _ = _run(capsys, "run", "--prompt", "w1 w2 w3", "--target", tiny_folder, "--draft", "ngram:2", "--raw",
+                           "--max-new-tokens", "16", "--db", str(db), "--no-progress")
+        earlier = lines[0]["run_id"]
+        argv = ["run", "--prompt", "w1 w2 w3 w4 w5", "--target", tiny_folder, "--draft", "ngram:2", "--raw", "--top-k-record", "12",
+                "--max-new-tokens", "240", "--db", str(db), "--no-progress"]
+        if mounted:
+            filler = folder / "filler"
+            free = os.statvfs(folder).f_bavail * os.statvfs(folder).f_frsize
+            filler.write_bytes(b"\0" * max(0, free - 16_384))
+            process = _cli(*argv)
+        else:
+            limit = 16_384  # the new run's write-ahead log and any checkpoint outgrow this at once
+
+            def cap() -> None:
+                signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+                resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+            process = _cli(*argv, preexec_fn=cap)
+        out, err = process.communicate(timeout=300)
+        assert process.returncode == 2 and not out.strip(), err[-2000:]
+        assert err.startswith("error: the disk holding ") and " is full (" in err and err.count("\n") == 1, err[-2000:]
+        if mounted:
+            filler.unlink()
+        store = Store(db)
+        runs = store.list_runs()
+        assert "running" not in runs["status"].tolist()
+        kept = store.get_run(earlier)
+        assert kept["status"] == "complete" and len(store.positions(earlier)) == kept["n_tokens"] == 16
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(folder)], check=False)

@@ -53,6 +53,19 @@ def test_report_escapes_untrusted_text(tmp_path: Path) -> None:
     assert "<script>alert" not in body and "<img" not in body and "&lt;script&gt;" in body
 
 
+def test_report_shows_control_characters_visibly(tmp_path: Path) -> None:
+    """ESC, NUL and a right-to-left override in the prompt and the model names reach the report as
+    visible escapes (as the token strip shows them), in the prompt block and the meta lines."""
+    store = Store(tmp_path / "runs.duckdb")
+    run_id = store.start_run({"prompt": "line one\n\tcafé \x1b[2J \x00 \u202eevil", "rule": "lossless", "target": "t\x1b]0;x\x07",
+                              "draft": "ngram:2", "policy": "{}", "draft_policy": "{}", "gamma": 4, "seed": 0, "max_new_tokens": 1})
+    store.finish_run(run_id, "complete")
+    body = build_report(store, [run_id]).split("</head>", 1)[1]
+    assert not any(char in body for char in "\x1b\x00\u202e\x07")
+    assert "line one\n\tcafé \\x1b[2J \\x00 \\u202eevil" in body  # newlines and tabs kept in the prompt block
+    assert "target t\\x1b]0;x\\x07" in body
+
+
 def test_report_command_writes_the_same_file(group, tmp_path: Path, capsys) -> None:
     store, run_ids = group
     output = tmp_path / "report.html"

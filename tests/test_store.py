@@ -224,3 +224,112 @@ def test_audits_round_trip_and_old_files_stay_readable(tmp_path) -> None:
     assert old.list_audits().empty and old.get_audit(audit_id) is None
     migrated = Store(path)
     assert migrated.schema_version() == 2 and migrated.list_audits().empty
+
+
+def _sha(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _foreign(path: Path, *statements: str) -> Path:
+    with duckdb.connect(str(path)) as con:
+        for statement in statements:
+            con.execute(statement)
+    return path
+
+
+@pytest.mark.parametrize(
+    "statements, fragment",
+    [
+        (["CREATE TABLE measurements (x INTEGER)"], "no meta table"),
+        (["CREATE TABLE meta (key VARCHAR, value VARCHAR)", "CREATE TABLE runs (x INTEGER)"], "no schema version"),
+        (["CREATE TABLE meta (key VARCHAR, value VARCHAR)", "INSERT INTO meta VALUES ('schema_version', 'two')"],
+         "has schema version 'two', not a whole number"),
+        (["CREATE TABLE meta (key VARCHAR, value VARCHAR)", "INSERT INTO meta VALUES ('schema_version', '2')",
+          "CREATE TABLE runs (run_id VARCHAR, prompt VARCHAR)"], "its table runs has other columns than this tool writes"),
+        (["CREATE TABLE meta (key VARCHAR, value VARCHAR)", "INSERT INTO meta VALUES ('schema_version', '2')"],
+         "claims schema 2 but has no runs table"),
+        (["CREATE TABLE meta (key VARCHAR, value VARCHAR)", "INSERT INTO meta VALUES ('schema_version', '0')"], "uses schema 0"),
+        (["CREATE TABLE meta (key VARCHAR, value INTEGER)"], "its column meta.value is INTEGER, not VARCHAR"),
+    ],
+)
+def test_a_file_written_by_another_program_is_refused_byte_identical(tmp_path: Path, statements: list[str], fragment: str) -> None:
+    """Looked at before anything is written: no meta or positions table appears, nothing crashes."""
+    path = _foreign(tmp_path / "other.duckdb", *statements)
+    before = _sha(path)
+    for read_only in (False, True):
+        with pytest.raises(StoreError, match=fragment) as error:
+            Store(path, read_only=read_only)
+        assert "\n" not in str(error.value) and "nothing was changed" in str(error.value)
+        assert _sha(path) == before and not path.with_suffix(".duckdb.wal").exists()
+
+
+def test_a_file_whose_columns_drift_from_a_known_schema_is_refused(tmp_path: Path) -> None:
+    """meta claims the current schema, but positions lacks a column: refused before the migration or any crash."""
+    path = tmp_path / "runs.duckdb"
+    Store(path)
+    with duckdb.connect(str(path)) as con:
+        con.execute("ALTER TABLE positions DROP COLUMN token_text")
+    before = _sha(path)
+    with pytest.raises(StoreError, match="its table positions has other columns than this tool writes .missing token_text"):
+        Store(path)
+    assert _sha(path) == before
+
+
+def test_a_truncated_or_empty_file_is_a_message_not_a_crash(tmp_path: Path, tiny) -> None:
+    path = tmp_path / "runs.duckdb"
+    store = Store(path)
+    for seed in range(6):  # enough data that half the file cuts through tables
+        record_run(store, tiny, "ngram:2", _request(seed=seed, max_new_tokens=40))
+    data = path.read_bytes()
+    half = tmp_path / "half.duckdb"
+    half.write_bytes(data[: len(data) // 2])
+    for read_only in (True, False):
+        with pytest.raises(StoreError, match="not a readable DuckDB database .damaged, truncated or another format") as error:
+            Store(half, read_only=read_only).list_runs()
+        assert "\n" not in str(error.value)
+    assert half.read_bytes() == data[: len(data) // 2]
+    empty = tmp_path / "empty.duckdb"
+    empty.touch()
+    with pytest.raises(StoreError, match="is an empty file, not a DuckDB database"):
+        Store(empty)
+    assert empty.read_bytes() == b""
+
+
+def test_a_path_under_a_file_or_onto_a_folder_is_a_message(tmp_path: Path) -> None:
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("x")
+    with pytest.raises(StoreError, match=f"cannot create {blocker}/sub/runs.duckdb: {blocker} is a file, not a folder"):
+        Store(blocker / "sub" / "runs.duckdb")
+    with pytest.raises(StoreError, match="is a folder, not a database file"):
+        Store(tmp_path)
+
+
+def test_search_is_literal_text(tmp_path: Path) -> None:
+    """'%' and '_' in the search box are characters, not wildcards."""
+    store = Store(tmp_path / "runs.duckdb")
+    for prompt in ("100% sure", "1000 sure", "snake_case", "snakeXcase"):
+        store.start_run({"prompt": prompt, "rule": "lossless", "target": "t"})
+    assert store.list_runs(search="0%")["prompt"].tolist() == ["100% sure"]
+    assert store.list_runs(search="e_c")["prompt"].tolist() == ["snake_case"]
+    assert store.list_runs(search="\\").empty
+
+
+def test_a_reaped_run_gets_its_tokens_back_from_its_positions(tmp_path: Path, tiny) -> None:
+    """A writer killed with kill -9 leaves a 'running' row with empty summary columns: the reaper
+    (and a read-only reader of an unreaped copy) rebuilds tokens, count and text from the positions."""
+    path = tmp_path / "runs.duckdb"
+    store = Store(path)
+    _, run = record_run(store, tiny, "ngram:2", _request(max_new_tokens=20))
+    run_id = store.list_runs().iloc[0]["run_id"]
+    with duckdb.connect(str(path)) as con:  # what kill -9 leaves behind
+        con.execute("UPDATE runs SET status = 'running', tokens = NULL, n_tokens = NULL, output_text = NULL, writer = ? "
+                    "WHERE run_id = ?", [f"{__import__('socket').gethostname()}:999999999", run_id])
+    copy = tmp_path / "copy.duckdb"
+    copy.write_bytes(path.read_bytes())
+    shared = Store(copy, read_only=True).get_run(run_id)
+    assert shared["status"] == "running" and list(shared["tokens"]) == run.tokens and shared["n_tokens"] == len(run.tokens)
+    row = Store(path).get_run(run_id)
+    assert row["status"] == "interrupted" and list(row["tokens"]) == run.tokens and row["n_tokens"] == len(run.tokens)
+    assert row["output_text"] == "".join(record.token_text for record in run.records) and row["target_passes"] == run.blocks

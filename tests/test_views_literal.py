@@ -116,5 +116,6 @@ def test_literal_text_is_a_code_span_that_renders_nothing() -> None:
     assert markdown_literal("a``b") == "``` a``b ```"
     assert markdown_literal("") == "` `"
     assert markdown_literal("x\x1b[2J\u202e\n") == "` x\\x1b[2J\\u202e\\n `"
-    assert markdown_literal(":material/home:") == "` :material `` /home: `"
+    assert markdown_literal(":material/home:") == "` :material `/` home: `"
+    assert markdown_literal("x:material/") == "` x:material `/"
     assert visible("café\x00") == "café\\x00"

@@ -65,10 +65,10 @@ def literal(text: object, limit: int | None = None) -> str:
     return markdown_literal(text, limit=limit)
 
 
-def plain(text: object, limit: int | None = None) -> str:
-    """Untrusted text for a plain-text context (select box options, ``format_func``): control and
-    format characters shown as escapes; nothing else is needed there, nothing is interpreted."""
-    return visible(text, limit=limit)
+def plain(text: object, limit: int | None = None, keep: str = "") -> str:
+    """Untrusted text for a plain-text context (``st.text``, select box options): control and
+    format characters (but those in ``keep``) shown as escapes; nothing else is interpreted there."""
+    return visible(text, keep=keep, limit=limit)
 
 
 def md(template: str, /, **untrusted: object) -> str:

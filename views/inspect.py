@@ -34,9 +34,9 @@ positions = store.positions(run_id)
 st.caption(md("target {target} · draft {draft} · rule **{rule}** · γ = {gamma} · seed {seed} · status {status}", target=run["target"],
               draft=run["draft"], rule=run["rule"], gamma=run["gamma"], seed=run["seed"], status=run["status"]))
 with st.expander("Prompt, policy and output"):
-    st.text(run["prompt"])
+    st.text(plain(run["prompt"], keep="\n\t"))  # bidi overrides and escapes shown, not obeyed
     st.json({"policy": json.loads(run["policy"] or "{}"), "draft policy": json.loads(run["draft_policy"] or "{}")})
-    st.text(run["output_text"] or "")
+    st.text(plain(run["output_text"] or "", keep="\n\t"))
 
 cols = st.columns(5)
 summary = [

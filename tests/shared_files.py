@@ -1,0 +1,158 @@
+"""Shared files a colleague (or an attacker) could send: a real export, a hostile one, and a
+seeded corpus of malformed ones with one defect each. Built from real runs of a tiny model."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+
+from diagnostics.audit import audit_recorded_run
+from diagnostics.audit.reporting import summary_line
+from diagnostics.audit.suite import run_engine_audit, run_rule_audit, tiny_setup
+from diagnostics.models import load_model
+from diagnostics.runner import RunRequest, compare_rules
+from diagnostics.store import Store, export_runs
+
+# Markers show where a payload would have rendered: a test looks for them inside <a>, <img>,
+# <strong>, KaTeX and coloured elements, and for requests to 127.0.0.1:9 (nothing listens there).
+PAYLOAD = ("PWN **PWNBOLD** [PWNLINK](http://127.0.0.1:9/link) ![PWNIMG](http://127.0.0.1:9/pixel.png) $$PWNTEX$$ "
+           "https://127.0.0.1:9/auto www.pwn.example pwn@pwn.example :red[PWNRED] :material/home: "
+           "<img src=http://127.0.0.1:9/html.png onerror=\"window.__pwned=1\"><script>window.__pwned=2</script> "
+           "\x1b[2J\u202eEND")
+HOSTILE_RUN_ID = "r1 ![PWNIMG](http://127.0.0.1:9/id.png) <b>x</b>"
+HOSTILE_AUDIT_ID = "a1 [PWNLINK](http://127.0.0.1:9/a)"
+HOSTILE_GROUP_ID = "g1 **PWNBOLD**"
+
+
+@dataclass
+class RealExport:
+    path: Path
+    run_ids: list[str]  # a coupled group: lossless, then lenience:0.1
+    audit_ids: list[str]  # recorded (of the first run), rule, engine
+
+
+def real_export(folder: Path, tiny_folder: str) -> RealExport:
+    """A DuckDB export of a coupled group of real runs, with a recorded, a rule and an engine audit."""
+    folder.mkdir(parents=True, exist_ok=True)
+    store = Store(folder / "mine.duckdb")
+    target = load_model(tiny_folder)
+    base = {"prompt": "w1 w2 w3 w1 w2", "draft": "ngram:2", "gamma": 3, "max_new_tokens": 14, "seed": 2, "raw": True}
+    _, results, _ = compare_rules(store, target, "ngram:2", [RunRequest(rule=rule, **base) for rule in ("lossless", "lenience:0.1")])
+    run_ids = [run_id for run_id, _ in results]
+    recorded = audit_recorded_run(store, run_ids[0], target).as_dict()
+    audit_ids = [store.add_audit(recorded, summary_line(recorded))]
+    path = export_runs(store, run_ids, folder / "export.duckdb", "duckdb")
+    shared = Store(path)
+    for result in (run_rule_audit("residual_softmax", samples=2_000).as_dict(),
+                   run_engine_audit("ours", tiny_setup(), generations=20, max_new_tokens=4).as_dict()):
+        audit_ids.append(shared.add_audit(result, summary_line(result)))
+    return RealExport(path, run_ids, audit_ids)
+
+
+def _copy(base: RealExport, path: Path) -> Path:
+    shutil.copyfile(base.path, path)
+    return path
+
+
+def hostile_export(base: RealExport, path: Path) -> RealExport:
+    """The real export with the payload in every text a page or report shows: prompt, models,
+    output, errors, ids (run, group, audit), token texts, audit implementation, summary and
+    every string inside the evidence. Values a validated file must keep parseable (rule specs,
+    statuses, kinds, policies) stay valid; a draft becomes ``model:<payload>``."""
+    _copy(base, path)
+    quoted = PAYLOAD.replace("'", "''")
+    with duckdb.connect(str(path)) as con:
+        for column in ("prompt", "target", "error", "output_text", "rule_name", "stop_reason", "software_version", "writer"):
+            con.execute(f"UPDATE runs SET {column} = ?", [PAYLOAD])
+        con.execute("UPDATE runs SET draft = ?, rule_params = ?", [f"model:{PAYLOAD}", '{"payload": ' + _json(PAYLOAD) + "}"])
+        con.execute("UPDATE positions SET token_text = ?, draft_text = ?", [PAYLOAD, PAYLOAD])
+        for index, run_id in enumerate(base.run_ids):
+            new = HOSTILE_RUN_ID if index == 0 else f"r{index} {quoted[:40]}"
+            for table in ("runs", "positions", "audits"):
+                con.execute(f"UPDATE {table} SET run_id = ? WHERE run_id = ?", [new, run_id])
+        con.execute("UPDATE runs SET group_id = ? WHERE group_id IS NOT NULL", [HOSTILE_GROUP_ID])
+        rows = con.execute("SELECT audit_id, evidence FROM audits").fetchall()
+        for index, (audit_id, evidence) in enumerate(rows):
+            import json
+
+            hostile = _poison(json.loads(evidence))
+            new_id = HOSTILE_AUDIT_ID if index == 0 else f"a{index} {PAYLOAD[:30]}"
+            con.execute("UPDATE audits SET audit_id = ?, implementation = ?, summary = ?, evidence = ? WHERE audit_id = ?",
+                        [new_id, PAYLOAD, PAYLOAD, json.dumps(hostile), audit_id])
+    return RealExport(path, [HOSTILE_RUN_ID, f"r1 {quoted[:40]}"], [HOSTILE_AUDIT_ID])
+
+
+def _json(text: str) -> str:
+    import json
+
+    return json.dumps(text)
+
+
+def _poison(value, key: str = ""):
+    """Every string of a JSON value replaced by the payload, except the keys pages branch on."""
+    if isinstance(value, dict):
+        return {name: item if name in ("layer", "verdict", "run_id") else _poison(item, name) for name, item in value.items()} | (
+            {"settings": {"payload": PAYLOAD}} if "layer" in value else {})
+    if isinstance(value, list):
+        return [_poison(item, key) for item in value]
+    return PAYLOAD if isinstance(value, str) else value
+
+
+# One defect per file: (name, SQL applied to a copy of the real export, what must happen).
+# "refused: <fragment>" — the import refuses it with that one-line message; "renders" — it opens,
+# and every page and the report show it.
+DEFECTS: list[tuple[str, list[str], str]] = [
+    ("policy not JSON", ["UPDATE runs SET policy = '{temperature: 1'"], "refused: a run's policy is not a valid policy"),
+    ("policy with an unknown key", ["UPDATE runs SET policy = '{\"temperature\": 1, \"evil\": 2}'"], "refused: a run's policy is not a valid policy"),
+    ("NULL rule", ["UPDATE runs SET rule = NULL"], "refused: a run has no rule"),
+    ("NULL prompt", ["UPDATE runs SET prompt = NULL"], "refused: a run has no prompt"),
+    ("NULL target", ["UPDATE runs SET target = NULL"], "refused: a run has no target"),
+    ("NULL tokens", ["UPDATE runs SET tokens = NULL, n_tokens = NULL, output_text = NULL"], "renders"),
+    ("NULL prompt ids", ["UPDATE runs SET prompt_ids = NULL"], "renders"),
+    ("unknown rule spec", ["UPDATE runs SET rule = 'magic:3'"], "refused: a run has the unknown rule spec 'magic:3'"),
+    ("unknown drafter", ["UPDATE runs SET draft = 'telepathy:9'"], "refused: a run has the unknown drafter 'telepathy:9'"),
+    ("unknown status", ["UPDATE runs SET status = 'exploded'"], "refused: has an unknown status 'exploded'"),
+    ("evidence not JSON", ["UPDATE audits SET evidence = 'not json {'"], "refused: is not a JSON object"),
+    ("evidence without positions", ["UPDATE audits SET evidence = json_object('layer', 'recorded', 'verdict', 'pass')::VARCHAR"],
+     "refused: lacks 'run_id'"),
+    ("evidence without verdict", ["UPDATE audits SET evidence = replace(evidence, '\"verdict\"', '\"x\"')"],
+     "refused: lacks 'verdict'"),
+    ("evidence with a bad pair", ["UPDATE audits SET evidence = replace(evidence, '\"dof\": ', '\"dof\": \"many\", \"x\": ') WHERE layer = 'rule'"],
+     "refused: has an unusable 'pairs'"),
+    ("missing prompt column", ["ALTER TABLE runs DROP COLUMN prompt"], "refused: its table runs has other columns than this tool writes (missing prompt)"),
+    ("no positions table", ["DROP TABLE positions"], "refused: claims schema 2 but has no positions table"),
+    ("positions without token_text", ["ALTER TABLE positions DROP COLUMN token_text"],
+     "refused: its table positions has other columns than this tool writes (missing token_text)"),
+    ("NULL token texts", ["UPDATE positions SET token_text = NULL, draft_text = NULL"], "renders"),
+    ("schema version 'two'", ["UPDATE meta SET value = 'two'"], "refused: has schema version 'two', not a whole number"),
+    ("unknown kind", ["UPDATE positions SET kind = 'teleported' WHERE position = 1"], "refused: has a position of unknown kind 'teleported'"),
+    ("probability above 1", ["UPDATE positions SET p_token = 7 WHERE position = 2"], "refused: has a probability outside [0, 1] at position 2"),
+    ("negative token", ["UPDATE positions SET token = -3 WHERE position = 0"], "refused: has a negative token id at position 0"),
+    ("gap in positions", ["DELETE FROM positions WHERE position = 3"], "refused: are not numbered 0 … n − 1"),
+    ("top-k lengths differ", ["UPDATE positions SET p_top_probs = [0.5] WHERE position = 0"],
+     "refused: has top-k ids and probabilities of different lengths at position 0"),
+    ("token id past any vocabulary", ["UPDATE positions SET token = 2000000000, p_top_ids = list_transform(p_top_ids, lambda x: x + 1999999990)"],
+     "renders"),
+    ("negative divergence", ["UPDATE runs SET divergence_position = -1"], "refused: negative gamma, seed, token budget or divergence position"),
+    ("audit of a missing run", ["UPDATE audits SET run_id = 'nobody' WHERE layer = 'recorded'"], "renders"),
+]
+
+
+def malformed_corpus(base: RealExport, folder: Path) -> list[tuple[str, Path, str]]:
+    """``(defect, path, expectation)`` for every entry of ``DEFECTS`` plus a truncated file."""
+    folder.mkdir(parents=True, exist_ok=True)
+    corpus = []
+    for index, (name, statements, expectation) in enumerate(DEFECTS):
+        path = _copy(base, folder / f"defect{index:02d}.duckdb")
+        with duckdb.connect(str(path)) as con:
+            for statement in statements:
+                con.execute(statement)
+        corpus.append((name, path, expectation))
+    data = base.path.read_bytes()
+    truncated = folder / "truncated.duckdb"
+    truncated.write_bytes(data[: len(data) // 2])
+    corpus.append(("truncated to half", truncated, "refused: is not a readable DuckDB database"))
+    return corpus

@@ -1,0 +1,98 @@
+"""Shared files: a real export opens everywhere; each malformed file of a seeded corpus (one
+defect each) is refused by the import with one line and left byte-identical, or opens and
+renders on every page and in the report. Hostile text in a valid file renders literally."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+import pytest
+from app_support import visit_every_page
+from shared_files import DEFECTS, PAYLOAD, hostile_export, malformed_corpus, real_export
+
+from diagnostics.cli import main
+from diagnostics.report import build_report
+from diagnostics.store import Store, StoreError, import_runs
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory, tiny_folder: str):
+    return real_export(tmp_path_factory.mktemp("shared"), tiny_folder)
+
+
+@pytest.fixture(scope="module")
+def corpus(base, tmp_path_factory):
+    return {name: (path, expectation) for name, path, expectation in malformed_corpus(base, tmp_path_factory.mktemp("corpus"))}
+
+
+@pytest.fixture
+def app_env(tmp_path: Path, monkeypatch) -> None:
+    """The app's own database is empty; its configured target is not the shared file's."""
+    monkeypatch.setenv("SPECLAB_DB", str(tmp_path / "mine.duckdb"))
+    monkeypatch.setenv("SPECLAB_TARGET", "default")
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _renders(path: Path, tmp_path: Path, capsys) -> None:
+    opened = import_runs(path, tmp_path / "imported.duckdb")
+    run_ids = opened.list_runs()["run_id"].tolist()
+    audit_ids = opened.list_audits()["audit_id"].tolist()
+    group = opened.get_run(run_ids[0])["group_id"]
+    pages = visit_every_page(str(opened.path), run_id=run_ids[-1], group=group, audit_id=audit_ids[0] if audit_ids else None)
+    assert pages["views/inspect.py"].title[0].value == "Inspect a run"
+    text = build_report(opened, run_ids, audit_ids)
+    assert text.count("<section class=\"run\">") == len(run_ids) + bool(audit_ids)
+    output = tmp_path / "report.html"
+    assert main(["report", *run_ids, "--db", str(opened.path), "-o", str(output)]) == 0 and output.stat().st_size > 0
+    capsys.readouterr()
+
+
+def test_the_real_export_opens_everywhere(base, tmp_path: Path, app_env, capsys) -> None:
+    """The control: the file every defect is made from is accepted and renders."""
+    _renders(base.path, tmp_path, capsys)
+
+
+@pytest.mark.parametrize("name", [name for name, _, _ in DEFECTS] + ["truncated to half"])
+def test_a_malformed_shared_file_is_refused_or_renders(name: str, corpus, tmp_path: Path, app_env, capsys) -> None:
+    path, expectation = corpus[name]
+    before = _sha(path)
+    if expectation.startswith("refused: "):
+        with pytest.raises(StoreError) as error:
+            import_runs(path, tmp_path / "imported.duckdb")
+        message = str(error.value)
+        assert expectation.removeprefix("refused: ") in message and "\n" not in message, message
+        # The CLI says the same in one line, and the pages too (a file opened read-only by path).
+        assert main(["report", "x", "--db", str(path), "-o", str(tmp_path / "r.html")]) == 2
+        assert capsys.readouterr().err.count("\n") == 1
+        visit_every_page(str(path))
+    else:
+        _renders(path, tmp_path, capsys)
+    assert _sha(path) == before
+
+
+def test_hostile_text_in_a_valid_file_renders_literally(base, tmp_path: Path, app_env, capsys) -> None:
+    """Payloads in every text column, token text and audit evidence: accepted (they are valid
+    values), and every Markdown element that carries them is a code span (the browser test
+    checks what the page then shows)."""
+    hostile = hostile_export(base, tmp_path / "hostile.duckdb")
+    opened = import_runs(hostile.path, tmp_path / "imported.duckdb")
+    group = opened.get_run(hostile.run_ids[0])["group_id"]
+    pages = visit_every_page(str(opened.path), run_id=hostile.run_ids[0], group=group, audit_id=hostile.audit_ids[0])
+    for page, at in pages.items():
+        for kind in ("markdown", "caption", "error", "warning", "info", "success", "subheader"):
+            for element in at.get(kind):
+                body = getattr(element, "value", "") or ""
+                if "PWN" in body:
+                    # Only inside code spans: strip them and no payload is left.
+                    outside = re.sub(r"\]\(/\?[^)\s]*\)", "]", re.sub(r"(`+) .*? \1", "", body))  # links are percent-encoded
+                    assert "PWN" not in outside, (page, kind, body[:300])
+    text = build_report(opened, hostile.run_ids, hostile.audit_ids)
+    body = text.split("</head>", 1)[1]
+    assert "<script>window" not in body and "<img src=http" not in body and "\x1b" not in body and "\u202e" not in body
+    assert "\\x1b[2J\\u202eEND" in body and "PWN" in body
+    assert PAYLOAD not in body  # never raw
