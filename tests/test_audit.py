@@ -166,7 +166,7 @@ def test_audit_command_on_a_recorded_run(tmp_path, capsys) -> None:
     from diagnostics.cli import main
 
     store, run_id, _ = _recorded(tmp_path)
-    assert main(["audit", "--run", run_id, "--db", str(store.path)]) == 0
+    assert main(["audit", "--run", run_id, "--db", str(store.path), "--load-models"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["verdict"] == "pass" and result["p_recomputed"] and result["positions"] > 0
     assert main(["audit", "--run", "nope", "--db", str(store.path)]) == 2

@@ -14,7 +14,7 @@ from shared_files import DEFECTS, PAYLOAD, hostile_export, malformed_corpus, rea
 
 from diagnostics.cli import main
 from diagnostics.report import build_report
-from diagnostics.store import Store, StoreError, import_runs
+from diagnostics.store import StoreError, import_runs
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from diagnostics.inspection import target_spec
 from diagnostics.models import ModelError
 from diagnostics.report import build_report
 from diagnostics.rules import RuleError
-from views.common import default_target, literal, md, model_consent, open_store, plain, run_link, show_error, try_model
+from views.common import default_target, file_name_part, literal, md, model_consent, open_store, plain, run_link, show_error, try_model
 
 LAYERS = {
     "Rule level": "One verification step run many times on a battery of (p, q) pairs; its output law tested against p.",
@@ -163,5 +163,5 @@ settings = evidence.get("settings")
 if settings:
     st.caption(md("Settings: {settings}", settings=", ".join(f"{key} = {value}" for key, value in settings.items())))
 if audit_id is not None and evidence is not unsaved:
-    st.download_button("Download report (HTML)", build_report(store, [], [audit_id]), file_name=f"audit-{audit_id}.html",
+    st.download_button("Download report (HTML)", build_report(store, [], [audit_id]), file_name=f"audit-{file_name_part(audit_id)}.html",
                        mime="text/html", key="audit_report")

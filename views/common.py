@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from urllib.parse import quote, urlencode
 
 import streamlit as st
@@ -82,6 +83,11 @@ def run_link(label: str, run_id: object, position: int | None = None) -> str:
     percent-encoded, so a hostile id can neither leave the app nor break out of the link."""
     query = {"run": str(run_id)} | ({"pos": str(int(position))} if position is not None else {})
     return f"[{literal(label)}](/?{urlencode(query, quote_via=quote)})"
+
+
+def file_name_part(text: object) -> str:
+    """A download-name-safe form of untrusted text (letters, digits, '-', '_', '.'; at most 40)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", str(text)).strip("._")[:40] or "file"
 
 
 def show_error(error: object) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import re
 import tempfile
 from pathlib import Path
 
@@ -11,12 +10,7 @@ import streamlit as st
 
 from diagnostics.report import build_report
 from diagnostics.store import StoreError, default_db_path, export_runs, import_runs
-from views.common import md, open_store, run_link, show_error
-
-
-def _safe_name(text: str) -> str:
-    """A file-name-safe form of untrusted text (letters, digits, '-', '_', '.'; at most 40)."""
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", str(text)).strip("._")[:40] or "file"
+from views.common import file_name_part, md, open_store, run_link, show_error
 
 
 st.title("Runs")
@@ -49,12 +43,12 @@ else:
         st.markdown(run_link(f"Open {chosen[0]} in Inspect", chosen[0]))
     if chosen:
         report = build_report(store, chosen)
-        st.download_button("Download report (HTML)", report, file_name=f"report-{_safe_name(chosen[0])}.html", mime="text/html", key="download_report")
+        st.download_button("Download report (HTML)", report, file_name=f"report-{file_name_part(chosen[0])}.html", mime="text/html", key="download_report")
         fmt = st.radio("Export format", ["duckdb", "parquet"], horizontal=True, key="export_format")
         with tempfile.TemporaryDirectory() as folder:
             exported = export_runs(store, chosen, Path(folder) / f"runs.{fmt}", fmt)
             st.download_button(f"Export selected runs ({fmt})",  # literal-ok: fmt is one of two constants
-                                exported.read_bytes(), file_name=f"runs-{_safe_name(chosen[0])}.{fmt}", key="download_export")
+                                exported.read_bytes(), file_name=f"runs-{file_name_part(chosen[0])}.{fmt}", key="download_export")
         if not store.read_only:
             confirm = st.checkbox(f"Yes, delete {len(chosen)} run(s) and their positions", key="confirm_delete")
             if st.button("Delete selected", disabled=not confirm, key="delete_runs"):
@@ -70,7 +64,7 @@ if upload is not None:
     # The copy is named by its content (and a tame form of the name): an uploaded name can be
     # "..", a path, or the name of a file already open here.
     suffix = ".parquet" if upload.name.lower().endswith(".parquet") else ".duckdb"
-    saved = folder / f"{hashlib.sha256(data).hexdigest()[:16]}-{_safe_name(Path(upload.name).stem)}{suffix}"
+    saved = folder / f"{hashlib.sha256(data).hexdigest()[:16]}-{file_name_part(Path(upload.name).stem)}{suffix}"
     try:
         folder.mkdir(parents=True, exist_ok=True)
         if not saved.exists():

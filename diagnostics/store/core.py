@@ -383,9 +383,13 @@ class Store:
             params.extend([f"%{literal}%"] * 4)
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         with self.connect() as con:
+            # Only runs without a count (still being written, or a dead writer's in a read-only
+            # file) have their positions counted: a full scan of positions would cost every page.
             return con.execute(
-                "SELECT * REPLACE (coalesce(n_tokens, (SELECT count(*) FROM positions p WHERE p.run_id = runs.run_id))::INTEGER AS n_tokens) "
-                f"FROM runs {where} ORDER BY created DESC", params).df()
+                "WITH missing AS (SELECT run_id FROM runs WHERE n_tokens IS NULL), "
+                "counts AS (SELECT run_id, count(*)::INTEGER AS n FROM positions SEMI JOIN missing USING (run_id) GROUP BY run_id) "
+                "SELECT runs.* REPLACE (coalesce(runs.n_tokens, counts.n, 0)::INTEGER AS n_tokens) "
+                f"FROM runs LEFT JOIN counts USING (run_id) {where} ORDER BY created DESC", params).df()
 
     def _one(self, sql: str, params: list[Any]) -> dict[str, Any] | None:
         """One row as a plain dict (``None`` for SQL NULL), or ``None`` when there is no row."""
