@@ -11,6 +11,7 @@ carries the payload's markers.
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections.abc import Iterator
 from urllib.parse import quote
@@ -90,7 +91,7 @@ def test_every_page_shows_a_hostile_database_as_text(setup, page) -> None:
     _open(page, f"{url}/?run={quote(HOSTILE_RUN_ID, safe='')}&pos=1", "Inspect a run")
     page.get_by_text("Position 1:").first.wait_for(timeout=60_000)
     page.get_by_text("PWN **PWNBOLD**").first.wait_for(timeout=30_000)  # the caption shows the payload as text
-    page.get_by_role("button", name="Load").first.wait_for(timeout=30_000)  # asks before loading what the file names
+    page.get_by_role("button", name=re.compile(r"^Load PWN")).wait_for(timeout=30_000)  # asks before loading what the file names
     page.get_by_text("Prompt, policy and output").click()
     _inert(page, "inspect", url)
 
