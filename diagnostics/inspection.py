@@ -40,8 +40,12 @@ def models_to_load(run: dict[str, Any], trusted: tuple[str, ...] = ("default",))
     chooses these names: a caller loads them only after the user says so."""
     named = [target_spec(run)]
     draft = str(run.get("draft") or "")
-    if draft.startswith("model:"):
-        named.append(draft.partition(":")[2].strip())
+    try:
+        parsed = parse_draft(draft)  # the parse draft_model() loads by: "MODEL: x" is a model too
+    except ModelError:
+        parsed = None  # plain decoding, or a drafter nothing can load
+    if parsed is not None and parsed.kind == "model":
+        named.append(parsed.value)
     return [name for name in dict.fromkeys(named) if name not in trusted]
 
 

@@ -170,3 +170,14 @@ def test_the_early_exit_default_follows_the_target(populated, tiny_folder: str) 
     at.button(key="run_start").click().run()
     assert not at.exception and not at.error, [e.value for e in at.error]
     assert Store(populated["db"]).list_runs().iloc[0]["draft"] == "early-exit:1"
+
+
+def test_the_models_a_run_names_are_parsed_as_the_loader_parses_them() -> None:
+    """Whatever spelling would load a draft model also asks first: 'MODEL: path' is a model draft."""
+    from diagnostics.inspection import models_to_load
+
+    run = {"target": "/their/target", "draft": "MODEL: /their/draft"}
+    assert models_to_load(run) == ["/their/target", "/their/draft"]
+    assert models_to_load({**run, "draft": "none (plain decoding)"}) == ["/their/target"]
+    assert models_to_load({**run, "draft": "ngram:3", "target": "default"}) == []
+    assert models_to_load({**run, "target": "mine"}, trusted=("default", "mine")) == ["/their/draft"]
