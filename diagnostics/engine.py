@@ -442,7 +442,7 @@ MAX_SEED = 2**63 - 1
 
 def _whole(name: str, value: object, low: int, high: int, hint: str) -> int:
     try:
-        value = operator.index(value)  # int, numpy integers; not floats or bools' strings
+        value = operator.index(value)  # ints and numpy integers; a float or a string is refused
     except TypeError:
         raise EngineError(f"{name} must be a whole number, got {value!r}") from None
     if not low <= value <= high:

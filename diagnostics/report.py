@@ -17,6 +17,7 @@ from plotly.offline import get_plotlyjs
 from diagnostics import __version__
 from diagnostics.audit.reporting import pair_rows, worst_position_rows
 from diagnostics.charts import audit_figure, token_strip_html, tracks_figure
+from diagnostics.inspection import target_spec
 from diagnostics.metrics import log_likelihood
 from diagnostics.store import Store, StoreError
 from diagnostics.untrusted import visible
@@ -51,7 +52,7 @@ def _reproduce(run: dict[str, Any]) -> str:
     for key in ("top_k", "top_p", "min_p", "eta"):
         if policy.get(key) is not None:
             flags.append(f"--{key.replace('_', '-')} {policy[key]}")
-    target = "default" if str(run["target"]).startswith("SmolLM2-135M-Instruct (embedded") else run["target"]
+    target = target_spec(run)
     draft = run["draft"] if run["draft"] and not run["draft"].startswith("none") else "none"
     return (f"python -m diagnostics run --target {target} --draft {draft} --rule {run['rule']} --gamma {run['gamma']} "
             f"--max-new-tokens {run['max_new_tokens']} --seed {run['seed']} {' '.join(flags)}"

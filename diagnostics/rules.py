@@ -525,7 +525,7 @@ def get_rule(spec: str | Rule, **params: float) -> Rule:
     try:
         return cls(**values)
     except RuleError as error:
-        head, separator, why = str(error).partition(" is out of range: ")
+        _, separator, why = str(error).partition(" is out of range: ")
         if not (separator and arg_text.strip()):
             raise
         # Echo what was typed, not its float: "lenience:1e-400" rounds to 0.

@@ -19,8 +19,7 @@ from diagnostics.store import RunWriter, Store, StoreError
 
 def encode_prompt(target: LoadedModel, text: str, raw: bool = False) -> list[int]:
     """Token ids of the prompt: the chat template for instruct models unless ``raw``."""
-    if not text or not text.strip():
-        raise EngineError("the prompt is empty; type some text")
+    check_prompt_text(text)
     tokenizer = target.tokenizer
     if tokenizer is None:
         raise EngineError("this target has no tokenizer; pass token ids to generate() instead")

@@ -24,7 +24,7 @@ from diagnostics.inspection import target_spec
 from diagnostics.models import ModelError
 from diagnostics.report import build_report
 from diagnostics.rules import RuleError
-from views.common import default_target, file_name_part, literal, md, model_consent, open_store, plain, run_link, show_error, try_model
+from views.common import default_target, file_name_part, literal, md, model_consent, open_store, plain, run_label, run_link, show_error, try_model
 
 LAYERS = {
     "Rule level": "One verification step run many times on a battery of (p, q) pairs; its output law tested against p.",
@@ -103,7 +103,7 @@ with st.expander("New audit", expanded=store.list_audits().empty):
             if runs.empty:
                 st.info("No runs yet: record one on the Run page first.")
             else:
-                labels = {row.run_id: plain(f"{row.run_id} · {row.rule} · {row.status} · {str(row.prompt)[:40]}") for row in runs.itertuples()}
+                labels = {row.run_id: run_label(row) for row in runs.itertuples()}
                 run_id = st.selectbox("Run", list(labels), format_func=labels.get, key="audit_run")
                 chosen = store.get_run(run_id)
                 # Loading the run's models (to recompute p) is the user's call when a file names them.

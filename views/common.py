@@ -90,6 +90,11 @@ def file_name_part(text: object) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", str(text)).strip("._")[:40] or "file"
 
 
+def run_label(row) -> str:
+    """A run in a select box: id, rule, status and the start of its prompt, as plain text."""
+    return plain(f"{row.run_id} · {row.rule} · {row.status} · {str(row.prompt)[:40]}")
+
+
 def show_error(error: object) -> None:
     """An exception's one-line message in an error box, literally (messages quote typed input and file contents)."""
     st.error(literal(error))
@@ -103,7 +108,8 @@ def model_consent(run: dict, key: str) -> bool:
     pending = [name for name in models_to_load(run, trusted=("default", default_target())) if name not in allowed]
     if not pending:
         return True
-    st.caption("This run names models that are not loaded yet; p and q below are rebuilt from the stored top-20.")
+    st.caption("This run names models that are not loaded: until you load them, p is not recomputed "
+               "and p and q are rebuilt from the stored top-20.")
     if st.button(md("Load {names} (local files only) to recompute p and q exactly", names=", ".join(pending)), key=key):
         allowed.update(pending)
         return True

@@ -9,7 +9,7 @@ import streamlit as st
 
 from diagnostics.charts import law_figure, token_strip_html, tracks_figure
 from diagnostics.inspection import position_view, target_spec
-from views.common import METRIC_HELP, decoder, literal, md, model_consent, open_store, plain, try_model
+from views.common import METRIC_HELP, decoder, literal, md, model_consent, open_store, plain, run_label, try_model
 
 st.title("Inspect a run")
 store = open_store()
@@ -25,7 +25,7 @@ requested = st.query_params.get("run")
 if requested and requested not in ids:
     st.error(md("There is no run {run} in {path}. Pick one below.", run=requested, path=store.path))
     requested = None
-labels = {row.run_id: plain(f"{row.run_id} · {row.rule} · {row.status} · {str(row.prompt)[:40]}") for row in runs.itertuples()}
+labels = {row.run_id: run_label(row) for row in runs.itertuples()}
 run_id = st.selectbox("Run", ids, index=ids.index(requested) if requested else 0, format_func=labels.get, key="inspect_run")
 st.query_params["run"] = run_id
 run = store.get_run(run_id)

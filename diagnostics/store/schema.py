@@ -146,7 +146,7 @@ def tables_of(version: int) -> dict[str, dict[str, str]]:
     return tables
 
 
-def _sql_type(declared: str) -> str:
+def sql_type(declared: str) -> str:
     return declared.split()[0]  # "VARCHAR PRIMARY KEY" -> "VARCHAR"
 
 
@@ -171,8 +171,8 @@ def _columns_problem(table: str, actual: dict[str, str], expected: dict[str, str
     if list(actual) != list(expected):
         return f"its table {table} has this tool's columns in another order"
     for name, declared in expected.items():
-        if actual[name] != _sql_type(declared):
-            return f"its column {table}.{name} is {actual[name]}, not {_sql_type(declared)}"
+        if actual[name] != sql_type(declared):
+            return f"its column {table}.{name} is {actual[name]}, not {sql_type(declared)}"
     return None
 
 

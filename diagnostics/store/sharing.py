@@ -12,7 +12,7 @@ from pathlib import Path
 import duckdb
 
 from diagnostics.store.core import Store, StoreError
-from diagnostics.store.schema import POSITION_COLUMNS, RUN_COLUMNS
+from diagnostics.store.schema import POSITION_COLUMNS, RUN_COLUMNS, sql_type
 
 
 def export_runs(store: Store, run_ids: list[str], path: str | Path, fmt: str = "duckdb") -> Path:
@@ -61,8 +61,8 @@ def _parquet_problem(table) -> str | None:
     with duckdb.connect() as con:
         con.register("shared", table)
         types = {name: kind for name, kind, *_ in con.execute("DESCRIBE shared").fetchall()}
-    expected = {**{name: sql.split()[0] for name, sql in POSITION_COLUMNS.items()},
-                **{f"run.{name}": sql.split()[0] for name, sql in RUN_COLUMNS.items()}}
+    expected = {**{name: sql_type(sql) for name, sql in POSITION_COLUMNS.items()},
+                **{f"run.{name}": sql_type(sql) for name, sql in RUN_COLUMNS.items()}}
     missing = [name for name in expected if name not in types]
     if missing:
         return f"it lacks the column {missing[0]!r}" + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")
