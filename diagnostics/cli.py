@@ -112,27 +112,6 @@ def _mutant_names(layer: str) -> list[str]:
     return list(RULE_MUTANTS if layer == "rule" else ENGINE_MUTANTS)
 
 
-def split_rules(text: str) -> list[str]:
-    """``a,b:1,c`` → specs; medusa's two parameters stay together when separated by ``;``."""
-    if ";" in text:
-        return [piece.strip() for piece in text.split(";") if piece.strip()]
-    pieces = [piece.strip() for piece in text.split(",") if piece.strip()]
-    specs: list[str] = []
-    for piece in pieces:
-        # A bare number continues the previous spec (medusa:0.09,0.3).
-        if specs and _is_number(piece) and ":" in specs[-1]:
-            specs[-1] += "," + piece
-        else:
-            specs.append(piece)
-    return specs
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
 
 
 def _json_value(value: Any) -> Any:
@@ -229,9 +208,10 @@ def _command_run(args: argparse.Namespace) -> int:
 
 
 def _command_compare(args: argparse.Namespace) -> int:
+    from diagnostics.rules import split_specs
     from diagnostics.runner import compare_rules
 
-    store, target, draft, requests = _prepare(args, split_rules(args.rules))
+    store, target, draft, requests = _prepare(args, split_specs(args.rules))
     bars: list[_Progress] = []
 
     def progress_for(request: Any) -> _Progress:

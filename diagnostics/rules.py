@@ -485,6 +485,33 @@ def _check_range(
         )
 
 
+def split_specs(text: str) -> list[str]:
+    """A list of rule specs as typed on the CLI and the Compare page: ``lossless,lenience:0.5,medusa:0.09,0.3``.
+
+    Comma-separated; a bare number continues the previous spec (a rule's own parameters), and
+    ``;`` also separates (``lossless;medusa:0.09,0.3``).
+    """
+    if ";" in text:
+        return [piece.strip() for piece in text.split(";") if piece.strip()]
+    pieces = [piece.strip() for piece in text.split(",") if piece.strip()]
+    specs: list[str] = []
+    for piece in pieces:
+        # A bare number continues the previous spec (medusa:0.09,0.3).
+        if specs and _is_number(piece) and ":" in specs[-1]:
+            specs[-1] += "," + piece
+        else:
+            specs.append(piece)
+    return specs
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _usage(name: str) -> str:
     cls = RULES[name]
     return name + (":" + ",".join(cls.param_names) if cls.param_names else "")

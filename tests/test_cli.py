@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from tiny_models import save_tiny_model
 
-from diagnostics.cli import main, split_rules
+from diagnostics.cli import main
+from diagnostics.rules import split_specs
 from diagnostics.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,8 +57,8 @@ def test_compare_prints_the_coupled_group(capsys, tiny_folder: str, tmp_path: Pa
 
 
 def test_rule_lists_split_like_a_person_writes_them() -> None:
-    assert split_rules("lossless,lenience:0.5,medusa:0.09,0.3,cos:0.4") == ["lossless", "lenience:0.5", "medusa:0.09,0.3", "cos:0.4"]
-    assert split_rules("lossless;medusa:0.09,0.3") == ["lossless", "medusa:0.09,0.3"]
+    assert split_specs("lossless,lenience:0.5,medusa:0.09,0.3,cos:0.4") == ["lossless", "lenience:0.5", "medusa:0.09,0.3", "cos:0.4"]
+    assert split_specs("lossless;medusa:0.09,0.3") == ["lossless", "medusa:0.09,0.3"]
 
 
 @pytest.mark.parametrize(
