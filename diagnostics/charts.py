@@ -35,26 +35,59 @@ def safe_label(text: str, limit: int = 40) -> str:
     return html.escape(visible(text, limit=limit), quote=True)
 
 
-def _top_tokens(view: StepView, top_n: int) -> list[int]:
-    """Tokens worth showing: all when the vocabulary is small, else the top ``top_n`` by ``max(p, q, P)``."""
+def shown_tokens(view: StepView, top_n: int, must: tuple[int | None, ...] = ()) -> list[int]:
+    """Tokens worth showing, ordered by ``p`` (largest first): all when the vocabulary is small, else
+    the top ``top_n`` by ``max(p, q, P, f)`` plus every token in ``must`` (the drafted and emitted
+    tokens are always shown, however unlikely)."""
     vocab = view.p_target.numel()
     if vocab <= top_n:
-        return list(range(vocab))
-    score = torch.stack([view.p_target, view.q_draft, view.induced]).amax(0)
-    return torch.topk(score, top_n).indices.sort().values.tolist()
+        tokens = list(range(vocab))
+    else:
+        score = torch.stack([view.p_target, view.q_draft, view.induced, view.fallback]).amax(0)
+        tokens = torch.topk(score, top_n).indices.tolist()
+        tokens += [int(token) for token in must if token is not None and 0 <= int(token) < vocab and int(token) not in tokens]
+    return sorted(tokens, key=lambda token: (-float(view.p_target[token]), token))
 
 
-def law_figure(view: StepView, top_n: int = 30, show_fallback: bool = False) -> go.Figure:
-    """Bars of ``p``, ``q``, the induced law ``P`` and the matched baseline over the top tokens.
-
-    Background shading marks the overshoot region ``q > p`` (orange) and the severe overshoot
-    ``q ≥ p/l`` (red); dashes mark the ceiling ``p/l``; triangles mark the allowed set ``A``.
-    """
-    tokens = _top_tokens(view, top_n)
+def _category_labels(view: StepView, tokens: list[int]) -> list[str]:
     labels = [safe_label(view.labels[index]) for index in tokens]
     # Plotly needs distinct category names; prefix ids only when labels collide.
     if len(set(labels)) != len(labels):
         labels = [f"{index}:{label}" for index, label in zip(tokens, labels)]
+    return labels
+
+
+def _mark_tokens(figure: go.Figure, labels: list[str], tokens: list[int], marks: list[tuple[int | None, str, str, str]],
+                 height: float, **where: int) -> None:
+    """Labelled markers above the bars of chosen tokens: ``(token, text, symbol, colour)``; two
+    marks on one token stack."""
+    stacked: dict[int, int] = {}
+    for token, text, symbol, color in marks:
+        if token is None or int(token) not in tokens:
+            continue
+        column = tokens.index(int(token))
+        level = stacked.get(column, 0)
+        stacked[column] = level + 1
+        figure.add_scatter(x=[labels[column]], y=[height * (1.06 + 0.1 * level)], mode="markers+text", name=text,
+                           text=[text], textposition="middle right", showlegend=False, cliponaxis=False,
+                           marker={"symbol": symbol, "size": 13, "color": color},
+                           hovertemplate=f"%{{x}}: {text}<extra></extra>", **where)
+
+
+def law_figure(view: StepView, top_n: int = 30, show_fallback: bool | None = None, draft_token: int | None = None,
+               emitted_token: int | None = None, kind: str | None = None) -> go.Figure:
+    """Bars of ``p``, ``q``, the induced law ``P``, the matched baseline and the fallback ``f`` over the
+    top tokens, ordered by ``p``; the drafted and emitted tokens always shown and marked.
+
+    Background shading marks the overshoot region ``q > p`` (orange) and the severe overshoot
+    ``q ≥ p/l`` (red) token by token; dashes mark the ceiling ``p/l``; a teal band under the
+    axis marks the allowed set ``A``. At a rejection (``kind="rejected"``) the fallback law is
+    shown by default: the token was drawn from it.
+    """
+    tokens = shown_tokens(view, top_n, (draft_token, emitted_token))
+    labels = _category_labels(view, tokens)
+    if show_fallback is None:
+        show_fallback = kind == "rejected"
 
     def values(tensor: torch.Tensor) -> list[float]:
         return [float(tensor[index]) for index in tokens]
@@ -80,6 +113,7 @@ def law_figure(view: StepView, top_n: int = 30, show_fallback: bool = False) -> 
         )
     p_values, q_values = values(view.p_target), values(view.q_draft)
     ceiling = values(view.ceiling) if view.ceiling is not None else None
+    shading = []
     for position, (p_v, q_v) in enumerate(zip(p_values, q_values)):
         if ceiling is not None and q_v > 0 and q_v >= ceiling[position]:
             fill = COLORS["severe"]
@@ -87,26 +121,35 @@ def law_figure(view: StepView, top_n: int = 30, show_fallback: bool = False) -> 
             fill = COLORS["overshoot"]
         else:
             continue
-        figure.add_vrect(x0=position - 0.5, x1=position + 0.5, fillcolor=fill, line_width=0, layer="below")
+        shading.append({"type": "rect", "xref": "x", "yref": "paper", "x0": position - 0.5, "x1": position + 0.5, "y0": 0, "y1": 1,
+                        "fillcolor": fill, "line": {"width": 0}, "layer": "below"})
+    figure.update_layout(shapes=shading)  # one list: add_vrect per token is slow
+    top = max([*p_values, *q_values, *values(view.induced), *(values(view.fallback) if show_fallback else [])], default=1.0) or 1.0
     if ceiling is not None:
         figure.add_scatter(
             name="ceiling p/l",
             x=labels,
-            y=ceiling,
+            y=[min(value, top * 1.02) for value in ceiling],  # p/l can exceed 1: clipped at the chart's top
+            customdata=ceiling,
             mode="markers",
-            marker={"symbol": "line-ew-open", "size": 26, "color": COLORS["ceiling"], "line": {"width": 2}},
-            hovertemplate="%{x}<br>p/l = %{y:.4f}<extra></extra>",
+            marker={"symbol": "line-ew-open", "size": 30, "color": COLORS["ceiling"], "line": {"width": 3}},
+            hovertemplate="%{x}<br>p/l = %{customdata:.4f}<extra></extra>",
         )
     if view.allowed is not None:
         allowed = [labels[i] for i, index in enumerate(tokens) if bool(view.allowed[index])]
+        mass = f" (p(A) = {view.allowed_mass:.3f})" if view.allowed_mass is not None else ""
         figure.add_scatter(
-            name="allowed set A",
+            name=f"allowed set A{mass}",
             x=allowed,
-            y=[0.0] * len(allowed),
+            y=[-0.035 * top] * len(allowed),
             mode="markers",
-            marker={"symbol": "triangle-up", "size": 11, "color": COLORS["allowed"]},
+            marker={"symbol": "square", "size": 14, "color": COLORS["allowed"]},
             hovertemplate="%{x} is in A<extra></extra>",
         )
+    _mark_tokens(figure, labels, tokens, [
+        (draft_token, "drafted x" if kind != "accepted" else "drafted x, kept", "triangle-down", COLORS["q"]),
+        (emitted_token if kind != "accepted" else None, "emitted", "star", "#111111"),
+    ], top)
     # Legend-only entries explain the shading.
     figure.add_scatter(name="overshoot q > p", x=[None], y=[None], mode="markers",
                        marker={"symbol": "square", "size": 12, "color": "rgba(255,127,14,0.35)"})
@@ -115,13 +158,72 @@ def law_figure(view: StepView, top_n: int = 30, show_fallback: bool = False) -> 
                            marker={"symbol": "square", "size": 12, "color": "rgba(214,39,40,0.45)"})
     figure.update_layout(
         barmode="group",
-        title=f"{html.escape(view.spec)}: target, draft, induced law and matched baseline",
+        title=f"{html.escape(view.spec)}: target, draft, induced law and matched baseline (tokens by p)",
         xaxis_title="token",
         yaxis_title="probability",
-        legend={"orientation": "h", "y": -0.25},
+        yaxis_range=[-0.07 * top, top * 1.3],
+        # A legend beside the plot never covers a bar (below it, it hid the fallback law).
+        legend={"orientation": "v", "x": 1.01, "y": 1.0},
         margin={"t": 50, "b": 40, "l": 50, "r": 10},
-        height=430,
+        height=450,
     )
+    return figure
+
+
+def divergence_figure(p_target: torch.Tensor, q_draft: torch.Tensor, steps: list[tuple[StepView, dict]],
+                      top_n: int = 14) -> go.Figure:
+    """The first divergence on one chart: left, ``p``, ``q`` and each rule's fallback law over the
+    tokens that matter (by ``p``; the drafted token and every rule's emitted token always shown,
+    each marked); right, each rule's ``a(x)`` of the drafted token against the shared coin ``u``
+    (a bar that reaches above the line accepts).
+
+    ``steps``: one ``(view, record)`` per rule, the view from ``explain_step`` at the shared
+    ``(p, q)`` and the record of that rule's run at the divergence.
+    """
+    from plotly.subplots import make_subplots
+
+    first_view = steps[0][0]
+    draft_token = steps[0][1].get("draft_token")
+    emitted = [int(record["token"]) for _, record in steps]
+    tokens = shown_tokens(first_view, top_n, (draft_token, *emitted))
+    labels = _category_labels(first_view, tokens)
+    figure = make_subplots(rows=1, cols=2, column_widths=[0.74, 0.26], horizontal_spacing=0.09,
+                           subplot_titles=("laws at this position", "a(x) of the drafted token vs the coin u"))
+
+    def values(tensor: torch.Tensor) -> list[float]:
+        return [float(tensor[index]) for index in tokens]
+
+    figure.add_bar(name="target p", x=labels, y=values(p_target), marker_color=COLORS["p"], row=1, col=1,
+                   hovertemplate="%{x}<br>p = %{y:.4f}<extra></extra>")
+    figure.add_bar(name="draft q", x=labels, y=values(q_draft), marker_color=COLORS["q"], row=1, col=1,
+                   hovertemplate="%{x}<br>q = %{y:.4f}<extra></extra>")
+    marks: list[tuple[int | None, str, str, str]] = [(draft_token, "drafted x", "triangle-down", COLORS["q"])]
+    tallest = max(values(p_target) + values(q_draft))
+    for index, (view, record) in enumerate(steps):
+        color = RULE_COLORS[index % len(RULE_COLORS)]
+        spec = html.escape(view.spec)
+        if record["kind"] == "rejected":
+            fallback = values(view.fallback)
+            tallest = max(tallest, *fallback)
+            figure.add_bar(name=f"fallback law of {spec}", x=labels, y=fallback, marker_color=color, opacity=0.75, row=1, col=1,
+                           hovertemplate=f"%{{x}}<br>{spec} fallback = %{{y:.4f}}<extra></extra>")
+        marks.append((int(record["token"]), f"{spec} emits", "star", color))
+    _mark_tokens(figure, labels, tokens, marks, tallest, row=1, col=1)
+    coin = steps[0][1].get("u_accept")
+    specs = [html.escape(view.spec) for view, _ in steps]
+    accepts = [record.get("accept_prob") for _, record in steps]
+    if draft_token is not None and all(value is not None for value in accepts):
+        figure.add_bar(name="a(x)", x=specs, y=accepts, showlegend=False, row=1, col=2,
+                       marker_color=[RULE_COLORS[index % len(RULE_COLORS)] for index in range(len(steps))],
+                       hovertemplate="%{x}<br>a(x) = %{y:.4f}<extra></extra>")
+        if coin is not None:
+            figure.add_scatter(name=f"coin u = {coin:.3f}", x=specs, y=[coin] * len(specs), mode="lines+markers", row=1, col=2,
+                               line={"color": "#111111", "dash": "dash", "width": 2}, marker={"size": 6},
+                               hovertemplate="coin u = %{y:.4f}<extra></extra>")
+        figure.update_yaxes(range=[0, 1.05], title_text="probability", row=1, col=2)
+    figure.update_yaxes(title_text="probability", range=[0, tallest * 1.35], row=1, col=1)
+    figure.update_layout(barmode="group", height=440, margin={"t": 40, "b": 40, "l": 50, "r": 10},
+                         legend={"orientation": "h", "y": -0.15})
     return figure
 
 
@@ -224,50 +326,71 @@ def token_strip_html(records: list[dict], selected: int | None = None, divergenc
     )
 
 
+def _vertical(x: float, color: str, width: int, dash: str) -> dict:
+    return {"type": "line", "xref": "x", "yref": "paper", "x0": x, "x1": x, "y0": 0, "y1": 1, "layer": "below",
+            "line": {"color": color, "width": width, "dash": dash}}
+
+
 def tracks_figure(positions: "object", selected: int | None = None, divergence: int | None = None) -> go.Figure:
-    """Per-position tracks of a run: acceptance ``a(x)`` and ``α``, ``TV(p, q)``, ``H(p)``, distortion.
+    """Per-position tracks of a run: acceptance ``a(x)`` and ``α``, ``TV(p, q)``, ``H(p)``, the
+    target log-likelihood ``log p(y_t)`` of each emitted token, and the distortion of the emitted
+    law (``TV(P, p)``, ``TV(P, baseline)``, ``KL(P ‖ p)``).
 
     Vertical dotted lines mark block starts; the selected position and the first divergence are
-    marked. ``positions`` is the store's DataFrame of one run.
+    marked on every track, the divergence labelled once. ``positions`` is the store's DataFrame
+    of one run.
     """
+    import math
+
     from plotly.subplots import make_subplots
 
     frame = positions
     x = frame["position"].tolist()
-    figure = make_subplots(rows=4, cols=1, shared_xaxes=True, vertical_spacing=0.04,
-                           subplot_titles=("acceptance: a(x) of the draft, α = Σ q·a", "TV(p, q)",
-                                           "entropy H(p)", "distortion of the emitted law"))
+    figure = make_subplots(rows=5, cols=1, shared_xaxes=True, vertical_spacing=0.035,
+                           subplot_titles=("acceptance: a(x) of the draft, α = Σ q·a", "TV(p, q)", "entropy H(p)",
+                                           "target log-likelihood log p(y) of the emitted token",
+                                           "distortion of the emitted law"))
 
     def series(name: str) -> list[float | None]:
+        if name not in frame:
+            return [None] * len(x)
         return [None if value != value else float(value) for value in frame[name].astype("float64").tolist()]
 
+    log_p = [None if value is None else math.log(max(value, 1e-300)) for value in series("p_token")]
     hover = [safe_label(str(text)) for text in frame["token_text"].fillna("").tolist()]
     traces = [
-        (1, "a(x)", "accept_prob", "#1a7f37", "markers"),
-        (1, "α", "alpha", "#8250df", "lines"),
-        (2, "TV(p, q)", "tv_pq", "#bc4c00", "lines"),
-        (3, "H(p)", "entropy_p", "#0550ae", "lines"),
-        (4, "TV(P, p)", "tv_target", "#cf222e", "lines"),
-        (4, "TV(P, baseline)", "tv_baseline", "#57606a", "lines"),
+        (1, "a(x)", series("accept_prob"), "#1a7f37", "markers"),
+        (1, "α", series("alpha"), "#8250df", "lines"),
+        (2, "TV(p, q)", series("tv_pq"), "#bc4c00", "lines"),
+        (3, "H(p)", series("entropy_p"), "#0550ae", "lines"),
+        (4, "log p(y)", log_p, "#6e7781", "lines+markers"),
+        (5, "TV(P, p)", series("tv_target"), "#cf222e", "lines"),
+        (5, "TV(P, baseline)", series("tv_baseline"), "#57606a", "lines"),
+        (5, "KL(P ‖ p)", series("kl_target"), "#bf8700", "lines"),
     ]
-    for index, (row, name, column, color, mode) in enumerate(traces):
+    for index, (row, name, values, color, mode) in enumerate(traces):
         # The token text rides on the first trace only; "x unified" hover shows it for all.
         extra = {"customdata": hover, "hovertemplate": f"position %{{x}} %{{customdata}}<br>{name} = %{{y:.4f}}<extra></extra>"} \
             if index == 0 else {"hovertemplate": f"{name} = %{{y:.4f}}<extra></extra>"}
-        figure.add_scatter(row=row, col=1, x=x, y=series(column), name=name, mode=mode,
-                           line={"color": color, "width": 1.5}, marker={"color": color, "size": 5}, **extra)
+        figure.add_scatter(row=row, col=1, x=x, y=values, name=name, mode=mode,
+                           line={"color": color, "width": 1.5}, marker={"color": color, "size": 4}, **extra)
+    # Lines across every track as plain layout shapes (paper height): add_vline per subplot costs
+    # seconds on a long run; one shape list costs milliseconds.
+    shapes = []
     starts = frame.loc[frame["index_in_block"] == 0, "position"].tolist()
     if len(starts) <= 400:  # beyond that the lines are a grey wash; the hover still tells the block
-        for start in starts:
-            figure.add_vline(x=start - 0.5, line={"color": "#d0d7de", "width": 1, "dash": "dot"})
+        shapes += [_vertical(start - 0.5, "#d0d7de", 1, "dot") for start in starts]
     if selected is not None:
-        figure.add_vline(x=selected, line={"color": "#111", "width": 2})
+        shapes.append(_vertical(selected, "#111", 2, "solid"))
     if divergence is not None:
-        figure.add_vline(x=divergence, line={"color": "#cf222e", "width": 2, "dash": "dash"},
-                         annotation_text="first divergence", annotation_position="top")
-    figure.update_layout(height=620, margin={"t": 40, "b": 30, "l": 50, "r": 10}, legend={"orientation": "h", "y": -0.08},
+        shapes.append(_vertical(divergence, "#cf222e", 2, "dash"))
+        # One label above the first track (a vline's own annotation repeats on every subplot).
+        figure.add_annotation(x=divergence, y=1.0, xref="x", yref="paper", yanchor="bottom", showarrow=False,
+                              text="first divergence", font={"color": "#cf222e"})
+    figure.update_layout(shapes=shapes)
+    figure.update_layout(height=720, margin={"t": 40, "b": 30, "l": 50, "r": 10}, legend={"orientation": "h", "y": -0.06},
                          clickmode="event+select", hovermode="x unified")
-    figure.update_xaxes(title_text="position", row=4, col=1)
+    figure.update_xaxes(title_text="position", row=5, col=1)
     return figure
 
 

@@ -1,7 +1,8 @@
-"""The laws at one recorded position, for the Inspect page and the report.
+"""The laws at recorded positions, for the Inspect page, the Compare page and the report.
 
-Exact when the run's models can be loaded here: ``p`` and ``q`` are recomputed by plain
-forward passes on the committed prefix (teacher forcing), with the run's policies. Otherwise
+Exact when the run's models can be loaded here: ``RunLaws`` runs one teacher-forced forward of
+the target over prompt + output (and one of the draft) and keeps each position's final hidden
+state, so ``p`` and ``q`` at any position cost one head projection, not a forward. Otherwise
 they are rebuilt from the stored top-k of ``p`` and ``q`` with the remaining mass lumped into
 one "tail" entry, and the view says so.
 """
@@ -15,6 +16,7 @@ from typing import Any
 import torch
 
 from diagnostics.explain import StepView, explain_step
+from diagnostics.drafters import fit_vocabulary
 from diagnostics.models import EMBEDDED_NAME, LoadedModel, ModelError, early_exit_model, load_model, parse_draft
 from diagnostics.policy import Policy, probabilities
 from diagnostics.rules import get_rule
@@ -27,6 +29,7 @@ class PositionView:
     view: StepView
     exact: bool
     note: str
+    ids: list[int] | None = None  # rebuilt views: the token id of each index (the last, the tail, has none)
 
 
 def target_spec(run: dict[str, Any]) -> str:
@@ -59,7 +62,6 @@ def teacher_forced_laws(loaded: LoadedModel, prompt_ids: list[int], tokens: list
     """``p_t(· | prompt, y_<t)`` for ``t = 0 … len(tokens)`` (``len(tokens) + 1`` rows, the last one
     after every token), under ``policy`` over ``vocab`` ids (default the model's), from one plain
     cache-free forward: the reference every audit and the Inspect page compare against."""
-    from diagnostics.drafters import fit_vocabulary
 
     ids = torch.tensor([list(prompt_ids) + list(tokens)], device=loaded.device)
     keep = len(tokens) + 1
@@ -132,24 +134,111 @@ def stored_laws(record: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | No
     return p_target, q_draft, ids
 
 
-def position_view(run: dict[str, Any], record: dict[str, Any], target: LoadedModel | None, decode=None) -> PositionView:
-    """The step view at ``record``: exact when ``target`` is given and loads, else from the top-k."""
-    rule = get_rule(run["rule"])
-    if target is not None:
+class _Rows:
+    """Per-position logits of one model on one sequence, kept small: the final hidden states and the
+    head (``logits_t = head(h_t)``, the model's own last step) when that reproduces the model's
+    logits, else the logits themselves (models that scale or cap logits after the head).
+
+    One forward: a hook keeps the decoder body's output for every position while the model
+    computes logits for the last one only; ``head(h_last)`` against those logits is the check.
+    """
+
+    def __init__(self, loaded: LoadedModel, ids: list[int], first: int, count: int) -> None:
+        self.head = None
+        sequence = torch.tensor([ids], device=loaded.device)
+        outer = loaded.model
+        body, head = getattr(outer, "model", None), outer.get_output_embeddings()
+        kept: list[torch.Tensor] = []
+        hook = body.register_forward_hook(lambda _module, _inputs, output: kept.append(_last_hidden(output))) \
+            if isinstance(body, torch.nn.Module) and head is not None else None
         try:
-            p_target, q_draft = exact_laws(run, record, target)
-            if q_draft is None:
-                q_draft = p_target  # bonus position: no draft was verified; P is the bonus law
-            view = explain_step(rule, p_target, q_draft, _lazy_labels(p_target.numel(), decode))
-            return PositionView(view, True, "exact: p and q recomputed by forward passes on the committed prefix")
-        except (ModelError, OSError, ValueError) as error:
-            note = f"exact laws not available ({str(error).splitlines()[0]}); rebuilt from the stored top-k"
-    else:
-        note = "rebuilt from the stored top-20 of p and q; the last bar lumps the tail"
+            last = outer(input_ids=sequence, use_cache=False, logits_to_keep=1).logits[0, -1]
+        finally:
+            if hook is not None:
+                hook.remove()
+        hidden = kept[0][0] if kept and kept[0] is not None and kept[0].shape[1] == len(ids) else None
+        if hidden is not None and torch.allclose(head(hidden[-1]).float(), last.float(), rtol=1e-4, atol=1e-4):
+            self.rows = hidden[first : first + count].detach()
+            self.head = head
+        else:
+            keep = len(ids) - first
+            logits = outer(input_ids=sequence, use_cache=False, logits_to_keep=keep).logits[0]
+            self.rows = logits[:count].detach().float()
+
+    @torch.inference_mode()
+    def logits(self, index: int) -> torch.Tensor:
+        row = self.rows[index]
+        return (self.head(row) if self.head is not None else row).float().cpu()
+
+
+def _last_hidden(output: Any) -> torch.Tensor | None:
+    hidden = getattr(output, "last_hidden_state", None)
+    if hidden is None and isinstance(output, tuple) and output and isinstance(output[0], torch.Tensor):
+        hidden = output[0]
+    return hidden
+
+
+class RunLaws:
+    """``p`` and ``q`` at every emitted position of a run, from one teacher-forced forward each.
+
+    Position ``t``'s laws condition on prompt + ``y_<t``: the rows ``len(prompt) − 1 + t`` of a
+    forward over prompt + output. Equal to a cache-free forward on each prefix (causal
+    attention), to float tolerance; ``tests/test_inspection.py`` checks it.
+    """
+
+    @torch.inference_mode()
+    def __init__(self, run: dict[str, Any], tokens: list[int], target: LoadedModel, drafter: LoadedModel | None) -> None:
+        prompt = [int(token) for token in (run.get("prompt_ids") if run.get("prompt_ids") is not None else [])]
+        if not prompt:
+            raise ValueError("the run has no stored prompt ids")
+        self.vocab = target.vocab_size
+        tokens = [int(token) for token in tokens]
+        if max(prompt + tokens, default=0) >= self.vocab:
+            raise ValueError(f"the run has token ids outside this target's vocabulary of {self.vocab}")
+        ids = prompt + tokens
+        self.count = len(tokens)
+        # The law after the last token is not needed: position t uses rows first .. first + count − 1.
+        first = len(prompt) - 1
+        self.policy = _policy(run["policy"])
+        self.draft_policy = _policy(run["draft_policy"])
+        self.p_rows = _Rows(target, ids, first, self.count)
+        self.q_rows = _Rows(drafter, ids, first, self.count) if drafter is not None else None
+
+    def p_at(self, position: int) -> torch.Tensor:
+        """``p(· | prompt, y_<t)`` under the run's policy, float64 over the target's vocabulary."""
+        return probabilities(fit_vocabulary(self.p_rows.logits(position), self.vocab), self.policy)
+
+    def q_at(self, position: int, record: dict[str, Any]) -> torch.Tensor | None:
+        """``q`` at a verified position (a point mass on the drafted token for n-gram drafts);
+        ``None`` at a bonus position, where no draft was verified."""
+        if record["kind"] == "bonus" or record.get("draft_token") is None:
+            return None
+        if self.q_rows is None:
+            q_draft = torch.zeros(self.vocab, dtype=torch.float64)
+            q_draft[int(record["draft_token"])] = 1.0
+            return q_draft
+        return probabilities(fit_vocabulary(self.q_rows.logits(position), self.vocab), self.draft_policy)
+
+
+def position_view(run: dict[str, Any], record: dict[str, Any], laws: RunLaws | None, decode=None,
+                  unavailable: str | None = None) -> PositionView:
+    """The step view at ``record``: exact from ``laws`` when given, else from the stored top-k
+    (``unavailable`` says why the exact laws are missing)."""
+    rule = get_rule(run["rule"])
+    position = int(record["position"])
+    if laws is not None and position < laws.count:
+        p_target = laws.p_at(position)
+        q_draft = laws.q_at(position, record)
+        if q_draft is None:
+            q_draft = p_target  # bonus position: no draft was verified; P is the bonus law
+        view = explain_step(rule, p_target, q_draft, _lazy_labels(p_target.numel(), decode))
+        return PositionView(view, True, "exact: p and q from teacher-forced forward passes over prompt + output")
+    note = (f"exact laws not available ({unavailable}); rebuilt from the stored top-k" if unavailable
+            else "rebuilt from the stored top-20 of p and q; the last bar lumps the tail")
     p_target, q_draft, ids = stored_laws(record)
     labels = [decode(token) if decode else str(token) for token in ids] + ["(tail)"]
     view = explain_step(rule, p_target, q_draft if q_draft is not None else p_target, labels)
-    return PositionView(view, False, note)
+    return PositionView(view, False, note, ids)
 
 
 class _lazy_labels(list):

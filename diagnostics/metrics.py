@@ -85,3 +85,22 @@ def log_likelihood(p_tokens) -> float:
     so that one impossible token (possible under CoS) shows as a very large finite penalty."""
     values = torch.as_tensor(list(p_tokens), dtype=torch.float64)
     return float(torch.log(values.clamp(min=1e-300)).sum()) if values.numel() else float("nan")
+
+
+def verified_acceptance(accepted: int, rejected: int) -> float:
+    """``α̂ = accepted / (accepted + rejected)``: the per-verification acceptance, the maximum-likelihood
+    ``α`` of the i.i.d. model (a draft discarded after a rejection was never verified, so it is not
+    counted; ``nan`` when nothing was verified)."""
+    verified = accepted + rejected
+    return accepted / verified if verified else float("nan")
+
+
+def modelled_speedup(alpha: float, gamma: int, cost_ratio: float) -> float:
+    """Speed-up over plain decoding from ``α``, ``γ`` and the draft/target cost ratio ``c`` of one
+    forward step: ``(1 − α^{γ+1}) / ((1 − α)(γ·c + 1))``, i.e. expected tokens per block over the
+    block's cost in target forwards. Hardware enters only through ``c``; ``γ = 0`` gives 1."""
+    if cost_ratio < 0:
+        raise ValueError(f"the cost ratio must be >= 0, got {cost_ratio}")
+    if gamma == 0 or alpha != alpha:
+        return 1.0
+    return float(expected_block_efficiency(alpha, gamma)) / (gamma * cost_ratio + 1.0)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
-from app_support import open_page
+from app_support import APP, open_page
 
 from diagnostics.engine import PositionRecord
 from diagnostics.models import load_model
@@ -34,7 +34,11 @@ def _open(page: str | None = None, query: dict | None = None) -> AppTest:
 
 
 def _html(at: AppTest) -> str:
-    return "".join(element.proto.body for element in at.get("html"))
+    """Every HTML body on the page: st.html blocks and the clickable token strip's HTML."""
+    import json
+
+    strips = [json.loads(element.proto.json).get("html", "") for element in at.get("bidi_component")]
+    return "".join(element.proto.body for element in at.get("html")) + "".join(strips)
 
 
 def test_deep_link_opens_inspect(populated) -> None:
@@ -43,7 +47,7 @@ def test_deep_link_opens_inspect(populated) -> None:
     strip = _html(at)
     assert 'class="tok tok-' in strip and strip.count('data-position="') == 16
     assert len(at.get("plotly_chart")) == 2  # tracks and the laws at the selected position
-    assert [m.label for m in at.metric][:3] == ["acceptance rate", "block efficiency", "tokens/s"]
+    assert [m.label for m in at.metric][:3] == ["acceptance α", "block efficiency", "modelled speed-up"]
     at.number_input(key="inspect_position").set_value(5).run()
     assert not at.exception
     assert "Position 5" in " ".join(header.value for header in at.subheader)
@@ -67,7 +71,7 @@ def test_compare_page_marks_the_divergence(populated) -> None:
     if expected is not None:
         assert f'class="tok tok-{"rejected"}' in _html(at) or "tok-diverge" in _html(at)
         assert f'tok-diverge" data-position="{expected}"' in _html(at)
-        assert any(f"position **{expected}**" in md.value for md in at.markdown)
+        assert any(f"leaves the reference at position {expected}" in md.value for md in at.markdown)
 
 
 def test_runs_page_lists_and_filters(populated) -> None:
@@ -88,12 +92,50 @@ def test_run_page_records_a_run(populated, tiny_folder: str) -> None:
     newest = Store(populated["db"]).list_runs().iloc[0]
     assert newest["status"] == "complete" and newest["n_tokens"] == 10 and newest["rule"] == "lenience:0.5"
     assert _html(at).count('data-position="') == 10
+    assert "run_stop" not in [button.key for button in at.button]  # the run is over: no Stop button left
+    assert at.session_state["last_run"] == newest["run_id"]
+    assert any(f"(/inspect?run={newest['run_id']})" in markdown.value for markdown in at.markdown)
 
 
 def test_run_page_bad_rule_is_a_message(populated) -> None:
     at = _open("views/run.py")
     at.text_input(key="run_rule").set_value("lenience:0").run()
     assert "out of range" in at.error[0].value
+
+
+def test_run_is_disabled_while_the_rule_is_invalid(populated) -> None:
+    """A rule typed and Run pressed at once (the click commits the text box): one error, nothing
+    started (no progress bar, no Stop, no run stored), and Run disabled until the rule parses."""
+    at = _open("views/run.py")
+    assert not at.button(key="run_start").disabled
+    before = len(Store(populated["db"]).list_runs())
+    at.text_input(key="run_rule").set_value("nosuchrule:1")
+    at.button(key="run_start").click().run()
+    assert not at.exception
+    assert len(at.error) == 1 and "unknown rule" in at.error[0].value
+    assert not at.get("progress") and "run_stop" not in [button.key for button in at.button]
+    assert at.button(key="run_start").disabled
+    assert len(Store(populated["db"]).list_runs()) == before
+    at.text_input(key="run_rule").set_value("lossless").run()
+    assert not at.error and not at.button(key="run_start").disabled
+
+
+def test_run_page_shows_the_stored_status_of_a_stopped_run(populated, tiny_folder: str) -> None:
+    """After Stop (a rerun that ends the generation) the page shows the last run as stored: its
+    status, how many tokens it kept, and a link to Inspect it."""
+    stops = iter([False, False, True])
+    run_id, run = record_run(populated["store"], load_model(tiny_folder), "ngram:2",
+                             RunRequest(prompt="w1 w2 w3 w1 w2", draft="ngram:2", gamma=1, max_new_tokens=16, seed=2, raw=True),
+                             should_stop=lambda: next(stops, True))
+    stored = populated["store"].get_run(run_id)
+    assert stored["status"] == "interrupted" and 0 < stored["n_tokens"] < 16
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.session_state["last_run"] = run_id
+    at.run()
+    at.switch_page("views/run.py").run()
+    assert not at.exception
+    assert at.warning and f"Last run ` {run_id} `: ` interrupted ` · {stored['n_tokens']} / 16 tokens" == at.warning[0].value
+    assert any(f"(/inspect?run={run_id})" in markdown.value for markdown in at.markdown)
 
 
 @pytest.mark.parametrize("page", ["views/inspect.py", "views/compare.py", "views/runs.py"])
@@ -137,7 +179,7 @@ def test_a_run_naming_another_model_asks_before_loading_it(populated, tiny_folde
 
     loads: list[str] = []
     monkeypatch.setattr(common, "load_model", lambda spec, **kwargs: loads.append(spec) or load_model(spec))
-    common.try_model.clear()
+    common.cached_model.clear()
     at = _open(query={"run": populated["run_id"], "pos": "3"})
     buttons = [button for button in at.button if button.key == "inspect_load_models"]
     assert len(buttons) == 1 and f"` {tiny_folder} `" in buttons[0].label and loads == []
@@ -145,7 +187,7 @@ def test_a_run_naming_another_model_asks_before_loading_it(populated, tiny_folde
     buttons[0].click().run()
     assert not at.exception and loads == [tiny_folder]
     assert "exact" in " ".join(caption.value for caption in at.caption)
-    common.try_model.clear()
+    common.cached_model.clear()
 
 
 @pytest.mark.parametrize("pos", ["²", "-1", "1e3", "99999999999", "3 "])
@@ -181,3 +223,50 @@ def test_the_models_a_run_names_are_parsed_as_the_loader_parses_them() -> None:
     assert models_to_load({**run, "draft": "none (plain decoding)"}) == ["/their/target"]
     assert models_to_load({**run, "draft": "ngram:3", "target": "default"}) == []
     assert models_to_load({**run, "target": "mine"}, trusted=("default", "mine")) == ["/their/draft"]
+
+
+def test_links_to_a_run_open_inspect_at_the_new_and_the_old_address(populated) -> None:
+    """Links are /inspect?run=ID&pos=N; an old /?run=ID&pos=N (in reports already shared) opens the same."""
+    from views.common import run_link
+
+    run_id = populated["run_id"]
+    assert run_link("go", run_id, 5) == f"[` go `](/inspect?run={run_id}&pos=5)"
+    for at in (_open(query={"run": run_id, "pos": "5"}), _open("views/inspect.py", {"run": run_id, "pos": "5"})):
+        assert at.title[0].value == "Inspect a run"
+        assert "Position 5" in " ".join(header.value for header in at.subheader)
+        assert at.query_params == {"run": run_id, "pos": "5"}
+    root = _open()
+    assert root.title[0].value == "Run" and root.query_params == {}
+
+
+def _select_rows(at: AppTest, rows: list[int]) -> AppTest:
+    at.session_state["runs_table"] = {"selection": {"rows": rows, "columns": [], "cells": []}}
+    return at.run()
+
+
+def test_runs_page_builds_the_report_and_export_only_when_asked(populated, monkeypatch) -> None:
+    """Selecting rows and switching the export format build nothing; each Build button builds its
+    file once, kept for the same selection; another selection forgets it."""
+    import diagnostics.report
+    import diagnostics.store
+
+    built: list[str] = []
+    build_report, export_runs = diagnostics.report.build_report, diagnostics.store.export_runs
+    monkeypatch.setattr(diagnostics.report, "build_report", lambda *args, **kwargs: built.append("report") or build_report(*args, **kwargs))
+    monkeypatch.setattr(diagnostics.store, "export_runs", lambda *args, **kwargs: built.append(args[3]) or export_runs(*args, **kwargs))
+    at = _select_rows(_open("views/runs.py"), [0])
+    keys = lambda: [button.key for button in at.get("download_button")]  # noqa: E731
+    assert "1 selected" in " ".join(caption.value for caption in at.caption)
+    assert at.button(key="build_report") and keys() == [] and built == []
+    at.radio(key="export_format").set_value("parquet").run()
+    assert keys() == [] and built == []
+    at.button(key="build_report").click().run()
+    assert built == ["report"] and keys() == ["download_report"]
+    assert at.get("download_button")[0].label == "Download report (HTML)"
+    at.radio(key="export_format").set_value("duckdb").run()
+    at.text_input(key="runs_search").set_value("").run()
+    assert built == ["report"] and keys() == ["download_report"]
+    at.button(key="build_export").click().run()
+    assert not at.exception and built == ["report", "duckdb"] and keys() == ["download_report", "download_export"]
+    _select_rows(at, [0, 1])
+    assert built == ["report", "duckdb"] and keys() == []

@@ -41,10 +41,12 @@ def test_law_figure_shades_overshoot_and_marks_the_ceiling() -> None:
     view = explain_step(get_rule("lenience:0.5"), pair.p_target, pair.q_draft, pair.labels)
     figure = law_figure(view).to_plotly_json()
     shapes = figure["layout"]["shapes"]
-    # q > p at tokens 0 and 1; token 0 is severe (0.55 ≥ 0.05/0.5).
-    assert [(s["x0"], s["fillcolor"]) for s in shapes] == [(-0.5, "rgba(214, 39, 40, 0.22)"), (0.5, "rgba(255, 127, 14, 0.12)")]
+    # Tokens ordered by p: 3, 2, 1, 0. q > p at tokens 1 and 0; token 0 is severe (0.55 ≥ 0.05/0.5).
+    assert list(figure["data"][0]["x"]) == [pair.labels[index] for index in (3, 2, 1, 0)]
+    assert [(s["x0"], s["fillcolor"]) for s in shapes] == [(1.5, "rgba(255, 127, 14, 0.12)"), (2.5, "rgba(214, 39, 40, 0.22)")]
     ceiling = next(t for t in figure["data"] if t["name"] == "ceiling p/l")
-    assert list(ceiling["y"]) == [0.1, 0.3, 0.5, 1.1]
+    assert list(ceiling["customdata"]) == [1.1, 0.5, 0.3, 0.1]
+    assert max(ceiling["y"]) < 0.6  # p/l = 1.1 is clipped at the chart's top, its value kept for the hover
 
 
 def test_labels_are_escaped() -> None:
@@ -70,3 +72,66 @@ def test_rule_table_rows() -> None:
     assert [row["rule"] for row in rows] == ["lossless", "lenience:0.5", "lossless"]
     assert rows[0]["TV(P, p)"] < 1e-12 and abs(rows[0]["acceptance α"] - 0.4) < 1e-12
     assert rows[2]["TV(P, p)"] < 1e-12
+
+
+def _big_view(spec: str = "lenience:0.5"):
+    generator = torch.Generator().manual_seed(3)
+    p, q = dirichlet(49152, 0.05, generator), dirichlet(49152, 0.05, generator)
+    return explain_step(get_rule(spec), p, q)
+
+
+def test_the_draft_and_emitted_tokens_are_always_shown_and_marked() -> None:
+    """An emitted token with p = 0.0007 was missing from the bars: now it is shown and marked,
+    tokens are ordered by p, and the fallback law is visible at a rejection."""
+    view = _big_view()
+    rare = int(torch.argsort(view.p_target)[1000])  # far outside the top 25 of p, q, P
+    draft = int(torch.argmax(view.q_draft))
+    figure = law_figure(view, top_n=25, draft_token=draft, emitted_token=rare, kind="rejected").to_plotly_json()
+    bars = figure["data"][0]
+    assert len(bars["x"]) in (26, 27) and safe_label(view.labels[rare]) in bars["x"]
+    p_shown = list(bars["y"])
+    assert p_shown == sorted(p_shown, reverse=True)
+    marks = {trace["text"][0]: trace["x"][0] for trace in figure["data"] if trace.get("mode") == "markers+text"}
+    assert marks == {"drafted x": safe_label(view.labels[draft]), "emitted": safe_label(view.labels[rare])}
+    fallback = next(trace for trace in figure["data"] if trace["name"] == "fallback f")
+    assert fallback["visible"] is True
+    accepted = law_figure(view, top_n=25, draft_token=draft, emitted_token=draft, kind="accepted").to_plotly_json()
+    assert next(trace for trace in accepted["data"] if trace["name"] == "fallback f")["visible"] == "legendonly"
+    assert [trace["text"][0] for trace in accepted["data"] if trace.get("mode") == "markers+text"] == ["drafted x, kept"]
+
+
+def test_divergence_figure_shows_both_decisions_against_one_coin() -> None:
+    from diagnostics.charts import divergence_figure
+
+    pair = make_pair("toy")
+    lossless = explain_step(get_rule("lossless"), pair.p_target, pair.q_draft, pair.labels)
+    lenient = explain_step(get_rule("lenience:0.5"), pair.p_target, pair.q_draft, pair.labels)
+    coin = 0.3
+    steps = [(lossless, {"kind": "rejected", "token": 3, "draft_token": 0, "accept_prob": float(lossless.accept[0]), "u_accept": coin}),
+             (lenient, {"kind": "accepted", "token": 0, "draft_token": 0, "accept_prob": float(lenient.accept[0]), "u_accept": coin})]
+    figure = divergence_figure(pair.p_target, pair.q_draft, steps).to_plotly_json()
+    names = [trace["name"] for trace in figure["data"]]
+    assert "fallback law of lossless" in names and "fallback law of lenience:0.5" not in names  # only the rule that rejected
+    acceptance = next(trace for trace in figure["data"] if trace["name"] == "a(x)")
+    assert list(acceptance["y"]) == [steps[0][1]["accept_prob"], steps[1][1]["accept_prob"]]
+    assert next(trace for trace in figure["data"] if trace["name"].startswith("coin u"))["y"][0] == coin
+    emits = sorted(trace["text"][0] for trace in figure["data"] if trace.get("mode") == "markers+text")
+    assert emits == ["drafted x", "lenience:0.5 emits", "lossless emits"]
+
+
+def test_tracks_add_log_likelihood_and_kl_and_label_the_divergence_once() -> None:
+    import pandas as pd
+
+    from diagnostics.charts import tracks_figure
+
+    frame = pd.DataFrame({"position": range(6), "index_in_block": [0, 1, 2, 0, 1, 0], "kind": ["accepted"] * 6,
+                          "accept_prob": [0.5] * 6, "alpha": [0.4] * 6, "tv_pq": [0.2] * 6, "entropy_p": [1.0] * 6,
+                          "p_token": [0.5, 0.25, 1.0, 0.1, 0.2, 0.3], "tv_target": [0.0] * 6, "tv_baseline": [0.1] * 6,
+                          "kl_target": [0.01] * 6, "token_text": ["a"] * 6})
+    figure = tracks_figure(frame, selected=2, divergence=3).to_plotly_json()
+    names = [trace["name"] for trace in figure["data"]]
+    assert "log p(y)" in names and "KL(P ‖ p)" in names
+    log_p = next(trace for trace in figure["data"] if trace["name"] == "log p(y)")
+    assert abs(log_p["y"][1] - torch.log(torch.tensor(0.25)).item()) < 1e-6
+    labels = [a["text"] for a in figure["layout"]["annotations"] if a["text"] == "first divergence"]
+    assert labels == ["first divergence"]

@@ -1,95 +1,195 @@
-"""Compare: coupled runs (same prompt, seed and uniforms) side by side, first divergence marked."""
+"""Compare: coupled runs (same prompt, seed and uniforms; only the rule differs) over one or more
+seeds: live progress with Stop, a summary across seeds, and the first divergence told on one chart."""
 
 from __future__ import annotations
+
+import uuid
 
 import pandas as pd
 import streamlit as st
 
-from diagnostics.charts import token_strip_html
+from diagnostics.charts import divergence_figure, token_strip_html
+from diagnostics.comparison import group_status, member_figures, parse_seeds, plan_group, references, run_group, summarise
+from diagnostics.divergence import divergence_reason
 from diagnostics.engine import EngineError
-from diagnostics.metrics import log_likelihood
+from diagnostics.explain import explain_step
+from diagnostics.inspection import position_view, target_spec
 from diagnostics.models import ModelError, load_draft
-from diagnostics.rules import RuleError
-from diagnostics.runner import RunRequest, compare_rules
+from diagnostics.rules import RuleError, get_rule
 from diagnostics.store import StoreError
-from views.common import cached_model, md, open_store, plain, run_link, show_error
+from views.common import (
+    cached_model,
+    decoder,
+    literal,
+    md,
+    model_consent,
+    open_store,
+    plain,
+    run_laws,
+    run_link,
+    show_error,
+    try_model,
+)
 from views.run_form import RULE_HELP, request_widgets
 
 st.title("Compare")
 store = open_store()
 if store is None:
     st.stop()
+runs = store.list_runs()
+groups = runs.dropna(subset=["group_id"]) if not runs.empty else runs
 
-with st.expander("Launch a comparison", expanded=False):
-    rules_text = st.text_input("Rules (the first is the reference)", "lossless; lenience:0.5; typical:0.1", key="cmp_rules",
-                               help="Separate specs with ';'. " + RULE_HELP)
-    target_spec, request = request_widgets("cmp", "lossless")
-    if st.button("Run the coupled group", type="primary", key="cmp_start", disabled=request is None or store.read_only):
-        specs = [spec.strip() for spec in rules_text.split(";") if spec.strip()]
-        try:
-            target = cached_model(target_spec.strip() or "default")
-            draft = load_draft(request.draft, target)
-            requests = [RunRequest(**{**request.__dict__, "rule": spec}) for spec in specs]
-            with st.spinner(f"Running {len(specs)} coupled runs…"):
-                group_id, _, _ = compare_rules(store, target, draft, requests)
-            st.query_params["group"] = group_id
-        except (RuleError, EngineError, ModelError, StoreError, ValueError) as error:
-            show_error(error)
+with st.expander("Launch a comparison", expanded=groups.empty or "cmp_launching" in st.session_state):
+    rules_text = st.text_input("Rules (the first is each seed's reference)", "lossless, lenience:0.5, typical:0.1", key="cmp_rules",
+                               help="Comma-separated rule specs, as on the command line (a rule's own parameters stay "
+                                    "with it: medusa:0.09,0.3). " + RULE_HELP)
+    seeds_text = st.text_input("Seeds", "0", key="cmp_seeds", help="One seed, a list (0,1,2) or a range (0-4): every rule runs at every seed.")
+    target_name, request = request_widgets("cmp", "lossless")
+    try:
+        planned = plan_group(rules_text, parse_seeds(seeds_text), request) if request is not None else None
+    except (RuleError, EngineError, ValueError) as error:
+        show_error(error)
+        planned = None
+    start = st.button("Run the coupled group", type="primary", key="cmp_start", disabled=planned is None or store.read_only)
 
+if start and planned:
+    try:
+        target = cached_model(target_name.strip() or "default")
+        draft = load_draft(planned[0].draft, target)
+    except (ModelError, ValueError) as error:
+        show_error(error)
+        st.stop()
+    group_id = uuid.uuid4().hex[:12]
+    # Kept before the first token: if Stop (any click) interrupts the script, the next run shows this group.
+    st.session_state["cmp_launching"] = group_id
+    st.subheader(f"Running {len(planned)} coupled runs")
+    st.button("Stop", key="cmp_stop", help="Stops the group: finished members are kept, the running one is kept as interrupted.")
+    slots = []
+    for member in planned:
+        slots.append((st.empty(), st.empty()))
+        slots[-1][0].progress(0.0, text=md("{rule} · seed {seed}: waiting", rule=member.rule, seed=member.seed))
+
+    def on_record_for(index: int, member):
+        records: list[dict] = []
+        bar, strip = slots[index]
+
+        def show(record) -> None:
+            records.append(record.as_dict())
+            bar.progress(min(1.0, len(records) / member.max_new_tokens),
+                         text=md("{rule} · seed {seed}: ", rule=member.rule, seed=member.seed) + f"{len(records)} / {int(member.max_new_tokens)} tokens")
+            strip.html(token_strip_html(records))
+        return show
+
+    try:
+        group_id, results = run_group(store, target, draft, planned, group_id=group_id, on_record_for=on_record_for)
+    except (RuleError, EngineError, ModelError, StoreError, ValueError) as error:
+        st.session_state.pop("cmp_launching", None)
+        show_error(error)
+        st.stop()
+    st.session_state.pop("cmp_launching", None)
+    st.query_params["group"] = group_id
+    st.rerun()
+
+launched = st.session_state.pop("cmp_launching", None)
 runs = store.list_runs()
 groups = runs.dropna(subset=["group_id"]) if not runs.empty else runs
 if groups.empty:
     st.info("No compared groups yet: launch one above, or run `python -m diagnostics compare --rules lossless,lenience:0.5 …`.")
     st.stop()
 order = list(dict.fromkeys(groups["group_id"].tolist()))
-requested = st.query_params.get("group")
-labels = {gid: plain(f"{gid} · " + ", ".join(groups.loc[groups.group_id == gid, "rule"].tolist()[::-1]), limit=200) for gid in order}
+requested = launched if launched in order else st.query_params.get("group")
+labels = {gid: plain(f"{gid} · " + ", ".join(dict.fromkeys(groups.loc[groups.group_id == gid, "rule"].tolist()[::-1])), limit=200) for gid in order}
 group_id = st.selectbox("Group", order, index=order.index(requested) if requested in order else 0, format_func=labels.get, key="cmp_group")
+st.query_params["group"] = group_id
 members = store.group(group_id)
+status = group_status(members)
+if launched == group_id:
+    st.warning(f"The group was stopped: {int((members.status == 'complete').sum())} member(s) complete, "
+               f"{int((members.status == 'interrupted').sum())} interrupted; the runs below are kept.")
 reference = members.iloc[0]
-st.caption(md("prompt: {prompt} · seed {seed} · draft {draft} · γ {gamma}", prompt=str(reference["prompt"])[:200],
-              seed=reference["seed"], draft=reference["draft"], gamma=reference["gamma"]))
+st.caption(md("prompt: {prompt} · draft {draft} · γ {gamma} · status {status}", prompt=str(reference["prompt"])[:200],
+              draft=reference["draft"], gamma=reference["gamma"], status=status))
+refs = references(members)
+# A seed's reference has no divergence of its own: a first member that has one was measured
+# against a run this file does not hold (one member exported alone).
+if any(not pd.isna(members.loc[members.run_id == run_id, "divergence_position"].iloc[0]) for run_id in refs.values()):
+    st.warning("This file holds only part of the group: its reference run is missing, so the divergence positions "
+               "stored with these runs refer to a run you cannot see here.")
 
+positions = {row.run_id: store.positions(row.run_id) for row in members.itertuples()}
+figures = {row.run_id: member_figures(row, positions[row.run_id]) for row in members.itertuples()}
+summary = summarise(members, figures)
+seeds = sorted(int(seed) for seed in members["seed"].unique())
+st.subheader("Across seeds" if len(seeds) > 1 else "Summary")
+shown = pd.DataFrame({"rule": summary["rule"], "seeds": summary["seeds"]})
+
+
+def _mean_sd(name: str, digits: int) -> list[str]:
+    out = []
+    for mean, sd in zip(summary[name], summary[f"{name} sd"]):
+        text = "–" if pd.isna(mean) else f"{mean:.{digits}f}"
+        out.append(text + (f" ± {sd:.{digits}f}" if not pd.isna(sd) and not pd.isna(mean) else ""))
+    return out
+
+
+for name, digits in (("acceptance α", 3), ("block efficiency", 2), ("mean TV(P, p)", 4), ("log-likelihood", 1)):
+    shown[name] = _mean_sd(name, digits)
+shown["first divergence"] = summary["first divergence"]
+st.dataframe(shown, hide_index=True, key="cmp_summary", width="stretch")
+st.caption("Mean ± standard deviation over seeds. acceptance α: accepted / verified drafts; block efficiency: tokens per "
+           "target forward; log-likelihood: Σ log p(y) of the output under the target. Wall-clock speed is on each run's Inspect page.")
+
+seed = st.selectbox("Seed", seeds, key="cmp_seed") if len(seeds) > 1 else seeds[0]
+at_seed = members[members.seed == seed]
+reference_id = refs.get(seed)
 rows = []
-strips = []
-for member in members.itertuples():
-    positions = store.positions(member.run_id)
+for member in at_seed.itertuples():
     divergence = None if pd.isna(member.divergence_position) else int(member.divergence_position)
-    loglik = log_likelihood(positions["p_token"])
-    rows.append({"rule": member.rule, "run": member.run_id, "first divergence": divergence, "tokens": member.n_tokens,
-                 "acceptance rate": member.acceptance_rate, "block efficiency": member.block_efficiency,
-                 "tokens/s": member.tokens_per_s, "mean TV(P, p)": member.mean_tv_target, "max TV(P, p)": member.max_tv_target,
-                 "log-likelihood Σ log p(y)": loglik})
-    strips.append((member, positions, divergence))
-table = pd.DataFrame(rows)
-st.dataframe(table, hide_index=True, key="cmp_table",
-             column_config={name: st.column_config.NumberColumn(format="%.4f") for name in table.columns[4:]})
+    rows.append({"rule": member.rule, "run": member.run_id, "status": member.status,
+                 "first divergence": "reference" if member.run_id == reference_id else ("never" if divergence is None else str(divergence)),
+                 "tokens": str(int(member.n_tokens or 0)), **{name: "–" if pd.isna(value) else f"{value:.4f}"
+                                                            for name, value in figures[member.run_id].items()}})
+st.dataframe(pd.DataFrame(rows), hide_index=True, key="cmp_table", width="stretch")
 
-divergences = [d for _, _, d in strips if d is not None]
-if divergences:
-    first = min(divergences)
-    st.subheader(f"Aligned by position around the first divergence ({int(first)})")
-    window = range(max(0, first - 3), first + 12)
-    aligned = {"position": list(window)}
-    for member, positions, _ in strips:
-        by_position = positions.set_index("position")
-        aligned[member.rule] = [
-            f"{by_position.at[p, 'token_text'] if pd.notna(by_position.at[p, 'token_text']) else by_position.at[p, 'token']!s} · {by_position.at[p, 'kind']}"
-            if p in by_position.index else "" for p in window
-        ]
-    st.dataframe(pd.DataFrame(aligned), hide_index=True, key="cmp_aligned")
+# The divergence story: each member that leaves the reference, at that position, on one chart.
+reference_run = store.get_run(reference_id) if reference_id else None
+ref_records = positions[reference_id].to_dict("records") if reference_id else []
+diverging = [m for m in at_seed.itertuples() if m.run_id != reference_id and not pd.isna(m.divergence_position)]
+if reference_run is not None and diverging:
+    st.subheader("Where and why each rule leaves the reference")
+    allowed = model_consent(reference_run, key="cmp_load_models")
+    laws, unavailable = run_laws(store, reference_run, [int(r["token"]) for r in ref_records]) if allowed else (None, "models not loaded")
+    decode = decoder(try_model(target_spec(reference_run))) if laws is not None else None
+    for member in diverging:
+        position = int(member.divergence_position)
+        other_records = positions[member.run_id].to_dict("records")
+        if position >= len(ref_records) or position >= len(other_records):
+            st.markdown(md("**{rule}** leaves the reference at position ", rule=member.rule) + f"{position}: one run ended there.")  # literal-ok: md() plus an int
+            continue
+        ref_record, other_record = ref_records[position], other_records[position]
+        st.markdown(md("**{rule}** vs **{reference}** at position ", rule=member.rule, reference=reference_run["rule"])  # literal-ok: md() plus an int and run_link pieces
+                    + f"{position} · " + run_link("inspect the reference there", reference_id, position) + " · "
+                    + run_link(f"inspect {member.rule} there", member.run_id, position))
+        st.caption(literal(divergence_reason(reference_run["rule"], ref_record, member.rule, other_record, decode)))
+        detail = position_view(reference_run, ref_record, laws, decode, unavailable=unavailable)
+        # Same prefix up to here, so p and q are the reference's; each rule's own step on them.
+        steps = []
+        for spec, record in ((reference_run["rule"], ref_record), (member.rule, other_record)):
+            view = explain_step(get_rule(spec), detail.view.p_target, detail.view.q_draft, detail.view.labels)
+            if not detail.exact:  # rebuilt laws index the stored top-k: map token ids to those indices
+                index = {token: where for where, token in enumerate(detail.ids or [])}
+                record = {**record, "token": index.get(int(record["token"]), len(detail.ids or [])),
+                          "draft_token": None if record.get("draft_token") is None else index.get(int(record["draft_token"]), len(detail.ids or []))}
+            steps.append((view, record))
+        st.plotly_chart(divergence_figure(detail.view.p_target, detail.view.q_draft, steps), key=f"cmp_divergence_{member.run_id}")
+        if not detail.exact:
+            st.caption(literal(detail.note))
 
-for member, positions, divergence in strips:
-    st.markdown(md("**{rule}** · run {run}", rule=member.rule, run=member.run_id)
-                + (f" · leaves the reference at position **{int(divergence)}** ({run_link('inspect there', member.run_id, divergence)})"
-                   if divergence is not None else " · identical to the reference"))
-    st.html(token_strip_html(positions.to_dict("records"), divergence=divergence))
-    if divergence is not None and divergence < len(positions):
-        at = positions.iloc[divergence]
-        cause = []
-        if pd.notna(at["severe_overshoot"]):
-            cause.append(f"draft mass at q ≥ p/l: {at['severe_overshoot']:.3f}")
-        if pd.notna(at["allowed_mass"]) and pd.notna(at["allowed_size"]):
-            cause.append(f"allowed set |A| = {int(at['allowed_size'])}, p(A) = {at['allowed_mass']:.3f}")
-        cause.append(f"a(x) = {at['accept_prob']:.3f}, coin u = {at['u_accept']:.3f}" if at["kind"] != "bonus" else "bonus position")
-        st.caption(md("At the divergence: {cause}", cause="; ".join(cause)))
+st.subheader("Tokens")
+for member in at_seed.itertuples():
+    divergence = None if pd.isna(member.divergence_position) else int(member.divergence_position)
+    where = "reference" if member.run_id == reference_id else (
+        "identical to the reference" if divergence is None else f"leaves the reference at position {divergence}")
+    st.markdown(md("**{rule}** · run {run} · ", rule=member.rule, run=member.run_id) + where + " · "  # literal-ok: md(), a constant or int phrase, run_link
+                + run_link("inspect", member.run_id, divergence))
+    st.html(token_strip_html(positions[member.run_id].to_dict("records"), divergence=divergence))

@@ -1,4 +1,9 @@
-"""Inspect one run: token strip, per-position tracks, and the laws at a clicked position."""
+"""Inspect one run: headline figures, token strip (click a token), tracks, jumps, and the laws at a position.
+
+The exact laws of the whole run are computed once per server (one teacher-forced forward per
+model, ``views.common.run_laws``); a position change only projects two hidden states and
+redraws, so it answers in well under a second.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +13,21 @@ import re
 import streamlit as st
 
 from diagnostics.charts import law_figure, token_strip_html, tracks_figure
+from diagnostics.divergence import SEVERE_OVERSHOOT, decision_line, jump_targets
 from diagnostics.inspection import position_view, target_spec
-from views.common import METRIC_HELP, decoder, literal, md, model_consent, open_store, plain, run_label, try_model
+from views.common import (
+    decoder,
+    headline_metrics,
+    literal,
+    md,
+    model_consent,
+    open_store,
+    plain,
+    run_label,
+    run_laws,
+    try_model,
+)
+from views.strip import token_strip
 
 st.title("Inspect a run")
 store = open_store()
@@ -38,70 +56,99 @@ with st.expander("Prompt, policy and output"):
     st.json({"policy": json.loads(run["policy"] or "{}"), "draft policy": json.loads(run["draft_policy"] or "{}")})
     st.text(plain(run["output_text"] or "", keep="\n\t"))
 
-cols = st.columns(5)
-summary = [
-    ("acceptance rate", run["acceptance_rate"]),
-    ("block efficiency", run["block_efficiency"]),
-    ("tokens/s", run["tokens_per_s"]),
-    ("mean TV(P, p)", run["mean_tv_target"]),
-    ("mean TV(P, baseline)", run["mean_tv_baseline"]),
-]
-for col, (name, value) in zip(cols, summary):
-    col.metric(name, "–" if value is None else f"{value:.3f}", help=METRIC_HELP[name])  # literal-ok: names from the list above
-
 if positions.empty:
     st.warning("This run recorded no positions.")
     st.stop()
 
 records = positions.to_dict("records")
 count = len(records)
+allowed = model_consent(run, key="inspect_load_models")
+laws, unavailable = run_laws(store, run, [int(record["token"]) for record in records]) if allowed else (None, "models not loaded")
+target = try_model(target_spec(run)) if laws is not None else None
+headline_metrics(run, positions, target, key="inspect")
+
 if "inspect_position" not in st.session_state or st.session_state.get("inspect_for") != run_id:
     st.session_state.inspect_position = int(records[0]["position"])
     st.session_state.inspect_for = run_id
+    st.session_state.inspect_track_points = None
     wanted = st.query_params.get("pos") or ""
     # ASCII digits only: "²".isdigit() is true, and int("²") raises.
     if re.fullmatch(r"[0-9]{1,9}", wanted) and int(wanted) < count:
         st.session_state.inspect_position = int(wanted)
 
 divergence = run.get("divergence_position")
+divergence = int(divergence) if divergence is not None and divergence == divergence else None
+
+
+def _go(position: int) -> None:
+    st.session_state.inspect_position = int(position)
+
+
+centre = int(st.session_state.inspect_position)
+targets = jump_targets(records, centre, divergence)
+buttons = st.columns(5)
+for column, name in zip(buttons, ["previous rejection", "next rejection", "previous severe overshoot", "next severe overshoot",
+                                  "first divergence"]):
+    where = targets[name]
+    column.button(("← " if name.startswith("previous") else "→ " if name.startswith("next") else "⇥ ") + name, key=f"jump_{name}",  # literal-ok: names from the constant list
+                  disabled=where is None, on_click=_go, args=(where or 0,), use_container_width=True,
+                  help=f"draft mass at q ≥ p/l of at least {SEVERE_OVERSHOOT}" if "severe" in name else None)
+
 st.subheader("Tokens")
 # A long run shows a window around the selected position: the whole text is in the expander above.
 WINDOW = 400
-centre = int(st.session_state.inspect_position)
 first = max(0, min(centre - WINDOW // 2, count - WINDOW))
 shown = records[first : first + WINDOW]
-if count > WINDOW:
-    st.caption(f"Positions {int(first)}–{int(first + len(shown) - 1)} of {int(count)}, around the selected position.")
-st.html(token_strip_html(shown, selected=centre, divergence=divergence))
+st.caption(("Click a token to inspect it." if count <= WINDOW else
+            f"Positions {int(first)}–{int(first + len(shown) - 1)} of {int(count)}, around the selected position. Click a token to inspect it."))
+clicked = token_strip(token_strip_html(shown, selected=centre, divergence=divergence), key="inspect_strip")
+if clicked is not None and clicked != centre and 0 <= clicked < count:
+    st.session_state.inspect_position = clicked
+    st.rerun()
 
 st.subheader("Per-position tracks")
-event = st.plotly_chart(tracks_figure(positions, selected=st.session_state.inspect_position, divergence=divergence),
+event = st.plotly_chart(tracks_figure(positions, selected=centre, divergence=divergence),
                         key="tracks", on_select="rerun", selection_mode="points")
 points = getattr(getattr(event, "selection", None), "points", None) if event else None
-if points:
-    st.session_state.inspect_position = int(round(points[0]["x"]))
+chosen = int(round(points[0]["x"])) if points else None
+# A chart keeps its selection across reruns: act on a new selection only, or a jump would be undone.
+if chosen is not None and chosen != st.session_state.get("inspect_track_points"):
+    st.session_state.inspect_track_points = chosen
+    if chosen != centre and 0 <= chosen < count:
+        st.session_state.inspect_position = chosen
+        st.rerun()
 
 position = st.number_input("Position", 0, count - 1, key="inspect_position",
-                           help="Click a point in the tracks, or type a position.")
+                           help="Click a token, a point in the tracks, a jump button, or type a position.")
 record = records[int(position)]
-target = try_model(target_spec(run)) if model_consent(run, key="inspect_load_models") else None
-detail = position_view(run, record, target, decoder(target))
+decode = decoder(target)
+detail = position_view(run, record, laws, decode, unavailable=unavailable)
 kind = record["kind"]
 st.subheader(md(f"Position {int(position)}: {{kind}}", kind=kind))
+st.caption(literal(decision_line(run["rule"], record, decode)))
 left, right = st.columns([3, 1])
 with left:
-    st.plotly_chart(law_figure(detail.view, top_n=25), key="position_law")
+    draft_token = None if record.get("draft_token") is None or kind == "bonus" else int(record["draft_token"])
+    if detail.exact:
+        st.plotly_chart(law_figure(detail.view, top_n=25, draft_token=draft_token, emitted_token=int(record["token"]), kind=kind),
+                        key="position_law")
+    else:
+        # Rebuilt laws index the union of stored top-k ids: mark by that index, not the token id.
+        index = {label: where for where, label in enumerate(detail.ids)} if detail.ids else {}
+        st.plotly_chart(law_figure(detail.view, top_n=25, draft_token=index.get(draft_token),
+                                   emitted_token=index.get(int(record["token"])), kind=kind), key="position_law")
 with right:
     # The stored scalars are exact over the full vocabulary, whatever the chart could rebuild.
-    def shown(name: str) -> str:
+    def shown_value(name: str) -> str:
         value = record.get(name)
         return "–" if value is None or value != value else f"{value:.4f}"
 
-    st.metric("α at this position", shown("alpha"))
-    st.metric("TV(P, p)", shown("tv_target"))
-    st.metric("TV(P, baseline)", shown("tv_baseline"))
-    st.metric("draft mass at q ≥ p/l", shown("severe_overshoot"))
-    st.metric("p(A) of the allowed set", shown("allowed_mass"))
+    st.metric("α at this position", shown_value("alpha"))
+    st.metric("TV(P, p)", shown_value("tv_target"))
+    st.metric("TV(P, baseline)", shown_value("tv_baseline"))
+    st.metric("KL(P ‖ p)", shown_value("kl_target"))
+    st.metric("draft mass at q ≥ p/l", shown_value("severe_overshoot"))
+    st.metric("p(A) of the allowed set", shown_value("allowed_mass"))
     st.caption(literal(detail.note))
     if kind == "bonus":
         st.caption("Bonus position: no draft was verified; the token was drawn from the bonus law b(p).")

@@ -1,0 +1,144 @@
+"""Coupled groups over several rules and seeds: plan, run member by member, summarise across seeds.
+
+A group runs every rule at every seed on one prompt; within a seed the runs share every uniform
+(``diagnostics.rng``), so they stay identical until a rule decides differently. The first rule
+of each seed is that seed's reference; each member's ``divergence_position`` is its first
+divergence from the reference of its own seed. Members are stored as they finish, with their
+divergence, so a group stopped half-way keeps what completed (and the interrupted member).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import uuid
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import pandas as pd
+
+from diagnostics.engine import EngineError, PositionRecord, Run
+from diagnostics.metrics import verified_acceptance
+from diagnostics.rules import split_specs
+from diagnostics.runner import RunRequest, first_divergence, record_run
+from diagnostics.store import Store
+
+MAX_SEEDS = 32
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"0"``, ``"0,1,2"`` or ``"0-4"`` (mixed freely) → distinct seeds in order, at most ``MAX_SEEDS``."""
+    seeds: list[int] = []
+    for piece in [piece.strip() for piece in str(text).replace(";", ",").split(",") if piece.strip()]:
+        match = re.fullmatch(r"([0-9]{1,12})(?:\s*-\s*([0-9]{1,12}))?", piece)
+        if match is None:
+            raise EngineError(f"seeds: {piece!r} is not a seed or a range; write e.g. 0, 0,1,2 or 0-4")
+        low = int(match.group(1))
+        high = int(match.group(2)) if match.group(2) is not None else low
+        if high < low:
+            raise EngineError(f"seeds: the range {piece!r} runs backwards; write {high}-{low}")
+        if high - low >= MAX_SEEDS:
+            raise EngineError(f"seeds: at most {MAX_SEEDS} seeds per group")
+        seeds += [seed for seed in range(low, high + 1) if seed not in seeds]
+    if not seeds:
+        raise EngineError("seeds: give at least one seed, e.g. 0 or 0-4")
+    if len(seeds) > MAX_SEEDS:
+        raise EngineError(f"seeds: at most {MAX_SEEDS} seeds per group, got {len(seeds)}")
+    return seeds
+
+
+def plan_group(rules: str | list[str], seeds: list[int], base: RunRequest) -> list[RunRequest]:
+    """One request per (seed, rule), seed by seed, the reference rule first within each seed."""
+    specs = split_specs(rules) if isinstance(rules, str) else list(rules)
+    if not specs:
+        raise EngineError("give at least one rule, e.g. lossless, lenience:0.5")
+    requests = [replace(base, rule=spec, seed=seed) for seed in seeds for spec in specs]
+    for request in requests:
+        request.validate()
+    return requests
+
+
+def run_group(
+    store: Store,
+    target: Any,
+    draft: Any,
+    requests: list[RunRequest],
+    *,
+    group_id: str | None = None,
+    on_start: Callable[[int, RunRequest], None] | None = None,
+    on_record_for: Callable[[int, RunRequest], Callable[[PositionRecord], None] | None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> tuple[str, list[tuple[str, Run]]]:
+    """Run the members in order, storing each with its divergence from its seed's reference as soon
+    as it finishes. ``should_stop`` (or an interruption) ends the group after the current member's
+    block: that member is kept ``interrupted`` and no further member starts."""
+    group_id = group_id or uuid.uuid4().hex[:12]
+    results: list[tuple[str, Run]] = []
+    references: dict[int, Run] = {}
+    for index, request in enumerate(requests):
+        if on_start is not None:
+            on_start(index, request)
+        on_record = on_record_for(index, request) if on_record_for is not None else None
+        run_id, run = record_run(store, target, draft, request, group_id=group_id, on_record=on_record, should_stop=should_stop)
+        results.append((run_id, run))
+        reference = references.setdefault(request.seed, run)
+        store.set_group([run_id], group_id, {run_id: None if reference is run else first_divergence(reference, run)})
+        if run.status == "interrupted":
+            break
+    return group_id, results
+
+
+def group_status(members: pd.DataFrame) -> str:
+    """``interrupted`` when a member was stopped or failed, else ``complete`` (or ``running``)."""
+    statuses = set(members["status"].tolist())
+    if statuses & {"interrupted", "failed"}:
+        return "interrupted"
+    return "running" if "running" in statuses else "complete"
+
+
+def references(members: pd.DataFrame) -> dict[int, str]:
+    """Each seed's reference run id: its first member by creation (``members`` ordered by creation)."""
+    found: dict[int, str] = {}
+    for row in members.itertuples():
+        found.setdefault(int(row.seed), row.run_id)
+    return found
+
+
+def member_figures(member: Any, positions: pd.DataFrame) -> dict[str, float]:
+    """A member's per-run figures: ``α̂`` (accepted / verified), block efficiency, mean ``TV(P, p)``,
+    the target log-likelihood of the output."""
+    kinds = positions["kind"].value_counts() if len(positions) else {}
+    values = positions["p_token"].astype("float64").clip(lower=1e-300) if len(positions) else pd.Series(dtype="float64")
+    return {
+        "acceptance α": verified_acceptance(int(kinds.get("accepted", 0)), int(kinds.get("rejected", 0))),
+        "block efficiency": _float(member.block_efficiency),
+        "mean TV(P, p)": _float(member.mean_tv_target),
+        "log-likelihood": float(values.map(math.log).sum()) if len(values) else float("nan"),
+    }
+
+
+def _float(value: Any) -> float:
+    return float("nan") if value is None or pd.isna(value) else float(value)
+
+
+def summarise(members: pd.DataFrame, figures: dict[str, dict[str, float]]) -> pd.DataFrame:
+    """One row per rule across seeds: seeds, mean and standard deviation of each figure, the mean
+    first-divergence position over the seeds that diverged and how many never did."""
+    rows = []
+    refs = set(references(members).values())
+    for rule, part in members.groupby("rule", sort=False):
+        row: dict[str, Any] = {"rule": rule, "seeds": int(part["seed"].nunique())}
+        for name in ("acceptance α", "block efficiency", "mean TV(P, p)", "log-likelihood"):
+            values = pd.Series([figures[run_id][name] for run_id in part["run_id"]], dtype="float64").dropna()
+            row[name] = values.mean() if len(values) else float("nan")
+            row[f"{name} sd"] = values.std(ddof=1) if len(values) > 1 else float("nan")
+        if set(part["run_id"]) <= refs:
+            row["first divergence"] = "reference"
+        else:
+            diverged = part["divergence_position"].dropna().astype(float)
+            never = int(part["divergence_position"].isna().sum())
+            mean = f"{diverged.mean():.1f}" if len(diverged) else "never"
+            row["first divergence"] = mean + (f" ({never} of {len(part)} never)" if never and len(diverged) else "")
+        rows.append(row)
+    return pd.DataFrame(rows)

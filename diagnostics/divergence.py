@@ -1,0 +1,90 @@
+"""Why two coupled runs part, in one line, and where the notable positions of a run are.
+
+Coupled runs share every uniform (``diagnostics.rng``: keyed by seed, position and slot), so up
+to their first divergence they draft the same ``x`` with the same ``u_draft``, test it with the
+same coin ``u_accept`` and, after a rejection, draw the fallback with the same ``u_fallback``. At
+the divergence exactly one of these differs in effect: the decisions (``u < a(x)`` for one rule,
+``u ≥ a(x)`` for the other), or two fallback or bonus laws that the same uniform maps to
+different tokens. The line says which, with the numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+# Draft mass at q ≥ p/l worth a jump button: below this the overshoot is a rounding-level effect.
+SEVERE_OVERSHOOT = 0.05
+
+
+def _number(value: Any) -> float | None:
+    if value is None:
+        return None
+    value = float(value)
+    return None if value != value else value
+
+
+def _token(record: dict[str, Any], text: Callable[[int], str] | None, column: str = "token") -> str:
+    token = record.get(column)
+    if token is None:
+        return "–"
+    return repr(text(int(token))) if text else str(int(token))
+
+
+def decision_line(spec: str, record: dict[str, Any], text: Callable[[int], str] | None = None) -> str:
+    """What ``spec`` did at one position: ``lossless rejects: u = 0.251 ≥ a = 0.185, draws 'the'``."""
+    kind = record["kind"]
+    if kind == "bonus":
+        return f"{spec} draws the bonus {_token(record, text)} from b(p)"
+    accept, coin = _number(record.get("accept_prob")), _number(record.get("u_accept"))
+    numbers = f"u = {coin:.3f}" if coin is not None else "u = –"
+    numbers += f" {'<' if kind == 'accepted' else '≥'} a = {accept:.3f}" if accept is not None else ""
+    if kind == "accepted":
+        return f"{spec} keeps the draft {_token(record, text, 'draft_token')}: {numbers}"
+    return f"{spec} rejects the draft {_token(record, text, 'draft_token')}: {numbers}; its fallback law gives {_token(record, text)}"
+
+
+def divergence_reason(reference_spec: str, reference: dict[str, Any], other_spec: str, other: dict[str, Any],
+                      text: Callable[[int], str] | None = None) -> str:
+    """One line on why ``other`` leaves ``reference`` at this position (both records at the first divergence)."""
+    kinds = (reference["kind"], other["kind"])
+    if reference.get("draft_token") != other.get("draft_token") and "bonus" not in kinds:
+        return (f"the drafts differ ({_token(reference, text, 'draft_token')} vs {_token(other, text, 'draft_token')}): "
+                "the runs are not coupled here (different drafter or settings)")
+    if kinds == ("rejected", "rejected"):
+        coin = _number(reference.get("u_accept"))
+        fallback = _number(reference.get("u_fallback"))
+        return (f"both reject the draft {_token(reference, text, 'draft_token')}"
+                + (f" (u = {coin:.3f}, a = {_number(reference.get('accept_prob')):.3f} and {_number(other.get('accept_prob')):.3f})"
+                   if coin is not None and _number(reference.get("accept_prob")) is not None and _number(other.get("accept_prob")) is not None
+                   else "")
+                + "; the same uniform"
+                + (f" u_f = {fallback:.3f}" if fallback is not None else "")
+                + f" lands on different tokens of the two fallback laws: {reference_spec} → {_token(reference, text)}, "
+                f"{other_spec} → {_token(other, text)}")
+    if kinds == ("bonus", "bonus"):
+        return (f"both draw the bonus with the same uniform; the bonus laws differ: {reference_spec} → {_token(reference, text)}, "
+                f"{other_spec} → {_token(other, text)}")
+    return f"{decision_line(reference_spec, reference, text)}; {decision_line(other_spec, other, text)}"
+
+
+def jump_targets(records: list[dict[str, Any]], current: int, divergence: int | None = None) -> dict[str, int | None]:
+    """Positions to jump to from ``current``: the previous/next rejection, the previous/next severe
+    overshoot (draft mass at ``q ≥ p/l`` at least ``SEVERE_OVERSHOOT``) and the first divergence
+    (``None`` where there is none)."""
+    rejections = [int(r["position"]) for r in records if r["kind"] == "rejected"]
+    severe = [int(r["position"]) for r in records if (_number(r.get("severe_overshoot")) or 0.0) >= SEVERE_OVERSHOOT]
+
+    def before(positions: list[int]) -> int | None:
+        earlier = [position for position in positions if position < current]
+        return earlier[-1] if earlier else None
+
+    def after(positions: list[int]) -> int | None:
+        return next((position for position in positions if position > current), None)
+
+    count = len(records)
+    return {
+        "previous rejection": before(rejections), "next rejection": after(rejections),
+        "previous severe overshoot": before(severe), "next severe overshoot": after(severe),
+        "first divergence": divergence if divergence is not None and 0 <= divergence < count else None,
+    }
