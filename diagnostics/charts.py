@@ -319,7 +319,7 @@ def token_strip_html(records: list[dict], selected: int | None = None, divergenc
     )
     legend = " ".join(f'<span class="tok tok-{kind}">{name}</span>' for kind, (_, _, name) in KIND_STYLE.items())
     return (
-        "<style>.tok{margin:1px;padding:0 2px;border-radius:3px;white-space:pre-wrap;font-family:monospace;}"
+        "<style>.tok{display:inline-block;margin:1px;padding:0 2px;border-radius:3px;white-space:pre-wrap;font-family:monospace;}"
         f"{style}.tok-selected{{outline:2px solid #111;}}.tok-diverge{{border-left:3px solid #cf222e;padding-left:2px;}}</style>"
         f'<div class="token-strip" style="line-height:1.9;">{"".join(spans)}</div>'
         f'<div style="font-size:0.8em;margin-top:4px;">{legend}</div>'

@@ -10,15 +10,33 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 from typing import Any
 
 DEFAULT_EARLY_EXIT = "early-exit:26"
 
 
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Help that shows each option's default, unless there is none to show (``None``, an off
+    flag, an empty list) or the help already says what the default is."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        nothing = default is None or default is False or default is argparse.SUPPRESS or default == []
+        if nothing or re.search(r"\(default\b|default:|%\(default\)", text):
+            return text
+        return super()._get_help_string(action)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with the project's error contract: one line ``error: …`` and exit status 2
-    (argparse's own prints the whole usage first)."""
+    (argparse's own prints the whole usage first); every (sub)command's help shows defaults."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         from diagnostics.untrusted import visible
@@ -26,39 +44,60 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {visible(message)} (see {self.prog} --help)\n")
 
 
-def _add_generation_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--prompt", required=True, help="the user message (chat template applied unless --raw)")
+RULE_LIST_HELP = ("comma-separated rule specs, the first being the reference; a bare number continues the previous spec "
+                  "(its own parameters), so 'lossless,medusa:0.09,0.3' is two rules; ';' also separates "
+                  "('lossless;medusa:0.09,0.3')")
+
+
+def _rule_help() -> str:
+    from diagnostics.rules import EXAMPLE_SPECS
+
+    return "verification rule spec: " + ", ".join(EXAMPLE_SPECS) + " (the numbers are example parameters)"
+
+
+def _add_generation_options(parser: argparse.ArgumentParser, replayable: bool = False) -> None:
+    """The options shared by ``run`` and ``compare``; ``replayable``: ``--prompt`` may give way to ``--replay``."""
+    from diagnostics.runner import RunRequest
+
+    if replayable:
+        parser.add_argument("--prompt", default=None, help="the user message (chat template applied unless --raw); required unless --replay")
+        parser.add_argument("--replay", default=None, metavar="RUN_ID",
+                            help="record a stored run (of --db) again with its own target, draft, rule, gamma, seed, token budget, "
+                                 "policies, raw flag and prompt (loading the models it names), and say whether it reproduced its tokens")
+    else:
+        parser.add_argument("--prompt", required=True, help="the user message (chat template applied unless --raw)")
     parser.add_argument("--target", default="default", help="'default' (embedded SmolLM2-135M-Instruct), a hub id or a local path")
     parser.add_argument("--draft", default=None,
                         help="model:ID_OR_PATH, early-exit:LAYER, ngram:N or none (plain decoding); "
                              f"default {DEFAULT_EARLY_EXIT} for the embedded target")
-    parser.add_argument("--gamma", type=int, default=4, help="draft tokens per block (default 4)")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--temperature", type=float, default=1.0, help="0 means greedy")
-    parser.add_argument("--top-k", type=int, default=None)
-    parser.add_argument("--top-p", type=float, default=None)
-    parser.add_argument("--min-p", type=float, default=None)
-    parser.add_argument("--eta", type=float, default=None)
+    parser.add_argument("--gamma", type=int, default=RunRequest.gamma, help="draft tokens per block")
+    parser.add_argument("--max-new-tokens", type=int, default=RunRequest.max_new_tokens, help="token budget of the generation")
+    parser.add_argument("--temperature", type=float, default=1.0, help="policy temperature; 0 means greedy")
+    parser.add_argument("--top-k", type=int, default=None, help="keep the K most likely tokens (off when not given)")
+    parser.add_argument("--top-p", type=float, default=None, help="nucleus: keep the smallest set of mass >= P (off when not given)")
+    parser.add_argument("--min-p", type=float, default=None, help="keep tokens with probability >= MIN_P x the largest (off when not given)")
+    parser.add_argument("--eta", type=float, default=None, help="eta sampling cut-off (off when not given)")
     parser.add_argument("--draft-temperature", type=float, default=None, help="draft policy temperature (default: the target's policy)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=RunRequest.seed, help="seed of every uniform the run draws")
     parser.add_argument("--raw", action="store_true", help="do not apply the chat template")
     parser.add_argument("--top-k-record", type=int, default=20, help="how many of p's and q's top tokens to store per position")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "auto"])
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "auto"], help="weights' dtype")
     parser.add_argument("--device", default=None, help="cuda, cpu, … (default: cuda when present)")
     parser.add_argument("--trust-remote-code", action="store_true", help="allow models that ship their own code")
     parser.add_argument("--db", default=None, help="DuckDB file (default $SPECLAB_DB or data/runs.duckdb)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress bars on stderr (there are none anyway when stderr is not a terminal)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m diagnostics", description="Speculative-decoding verification lab")
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="generate once with a verification rule and record every position")
-    _add_generation_options(run)
-    run.add_argument("--rule", default="lossless", help="lossless, greedy, cascade:m, typical:eta, medusa:eps,delta, lenience:l, cos:lam")
+    _add_generation_options(run, replayable=True)
+    run.add_argument("--rule", default="lossless", help=_rule_help())
     compare = commands.add_parser("compare", help="coupled runs (same seed and uniforms), one per rule")
     _add_generation_options(compare)
-    compare.add_argument("--rules", required=True, help="comma-separated specs; ';' separates specs with commas, e.g. 'lossless;medusa:0.09,0.3'")
+    compare.add_argument("--rules", required=True, help=RULE_LIST_HELP)
     report = commands.add_parser("report", help="one self-contained HTML file for runs (a run or a compared group) and audits")
     report.add_argument("run_ids", nargs="*", metavar="RUN_ID", help="runs to include (their stored audits come with them)")
     report.add_argument("--audit", action="append", default=[], metavar="AUDIT_ID", help="a stored audit to include (repeatable)")
@@ -73,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="rule level: ours, transformers (its _speculative_sampling) or a planted bug: " + ", ".join(_mutant_names("rule")))
     audit.add_argument("--rule", default=None, help="with --implementation ours: audit our rule SPEC (default lossless)")
     audit.add_argument("--declared", default=None, help="test against this lossy rule's exact law instead of p")
-    audit.add_argument("--samples", type=int, default=60_000, help="rule level: verification steps per (p, q) pair (default 60000)")
+    audit.add_argument("--samples", type=int, default=60_000, help="rule level: verification steps per (p, q) pair")
     audit.add_argument("--real-positions", type=int, default=0, metavar="K",
                        help="rule level: add K real positions of --target (full-vocabulary p and its early-exit q) to the battery")
     audit.add_argument("--engine", default=None, metavar="NAME",
@@ -88,10 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--max-new-tokens", type=int, default=None, help="engine level: tokens per generation (default 12 tiny, 16 real)")
     audit.add_argument("--gamma", type=int, default=3, help="engine level: draft tokens per block")
     audit.add_argument("--temperature", type=float, default=None, help="engine level: the policy (default 1)")
-    audit.add_argument("--top-k", type=int, default=None)
-    audit.add_argument("--top-p", type=float, default=None)
-    audit.add_argument("--level", type=float, default=0.01, help="family-wise false-alarm rate of a correct implementation (default 0.01)")
-    audit.add_argument("--seed", type=int, default=0)
+    audit.add_argument("--top-k", type=int, default=None, help="engine level: top-k of the policy (off when not given)")
+    audit.add_argument("--top-p", type=float, default=None, help="engine level: top-p of the policy (off when not given)")
+    audit.add_argument("--level", type=float, default=0.01, help="family-wise false-alarm rate of a correct implementation")
+    audit.add_argument("--seed", type=int, default=0, help="first seed of the audit's draws")
     audit.add_argument("--run", default=None, help="audit a recorded run instead: replay every decision (with --db)")
     audit.add_argument("--load-models", action="store_true",
                        help="with --run: load the models the run names (local files only) to recompute p; without it, only "
@@ -99,10 +138,13 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--all", action="store_true", help="every implementation and planted bug at its layer; prints a table on stderr")
     audit.add_argument("--save", action="store_true", help="store the audit(s) in the database (shown on the Audit page and in reports)")
     audit.add_argument("--db", default=None, help="DuckDB file (default $SPECLAB_DB or data/runs.duckdb)")
-    bench = commands.add_parser("bench", help="speed ratios against plain decoding and transformers generate, in one run")
-    bench.add_argument("--max-new-tokens", type=int, default=48)
-    bench.add_argument("--repeat", type=int, default=2)
-    bench.add_argument("--quick", action="store_true", help="fewer settings (for a smoke test)")
+    bench = commands.add_parser("bench", help="speed ratios against plain decoding and transformers generate, in one run",
+                                description="Every number is a ratio measured side by side in one run on the embedded model; "
+                                            "prints one JSON object.")
+    bench.add_argument("--max-new-tokens", type=int, default=48, help="tokens each timed generation makes (EOS ignored on both sides)")
+    bench.add_argument("--repeat", type=int, default=2, help="alternating repetitions per comparison; the median is reported")
+    bench.add_argument("--quick", action="store_true",
+                       help="fewer settings and a smaller recording-memory probe (200 positions instead of 2000), for a smoke test")
     return parser
 
 
@@ -140,8 +182,31 @@ def _run_json(run_id: str, run: Any, db: str) -> str:
     return json.dumps({key: _json_value(value) for key, value in payload.items()}, ensure_ascii=False)
 
 
+def _progress_wanted(args: argparse.Namespace) -> bool:
+    """Progress bars only on a terminal: redirected stderr (a log, a pipe) gets none, so it holds
+    no carriage returns or escape codes; ``--no-progress`` turns them off on a terminal too."""
+    return not getattr(args, "no_progress", False) and sys.stderr.isatty()
+
+
+def _silence_library_progress_bars() -> None:
+    """No tqdm bars from Hugging Face (weights loading, GGUF conversion, downloads). Environment
+    variables work only before tqdm and huggingface_hub are imported (a fresh process); the
+    libraries' own switches cover a process that imported them already."""
+    if "tqdm" not in sys.modules and "huggingface_hub" not in sys.modules:
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' GGUF conversion uses a bare tqdm
+    if "huggingface_hub" in sys.modules:
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+
+
 class _Progress:
-    """A progress bar on stderr, one step per emitted position."""
+    """A progress bar on stderr, one step per emitted position (only when ``enabled``: see ``_progress_wanted``)."""
 
     def __init__(self, total: int, label: str, enabled: bool) -> None:
         self.bar = None
@@ -197,13 +262,63 @@ def _prepare(args: argparse.Namespace, rules: list[str]):
 def _command_run(args: argparse.Namespace) -> int:
     from diagnostics.runner import record_run
 
+    if args.replay is not None:
+        return _command_replay(args)
+    if args.prompt is None:
+        raise ValueError("pass --prompt TEXT, or --replay RUN_ID to record a stored run again")
     store, target, draft, (request,) = _prepare(args, [args.rule])
-    progress = _Progress(request.max_new_tokens, request.rule, not args.no_progress)
+    progress = _Progress(request.max_new_tokens, request.rule, _progress_wanted(args))
     try:
         run_id, run = record_run(store, target, draft, request, on_record=progress)
     finally:
         progress.close()
     print(_run_json(run_id, run, str(store.path)), flush=True)
+    return 0
+
+
+# Options that say how to generate: a replay takes them from the stored run, so typing one is a mistake.
+_REPLAYED_OPTIONS = ("prompt", "rule", "target", "draft", "gamma", "max_new_tokens", "temperature", "top_k", "top_p",
+                     "min_p", "eta", "draft_temperature", "seed", "raw")
+
+
+def _command_replay(args: argparse.Namespace) -> int:
+    """``run --replay RUN_ID``: record the stored run again with its own settings; print the usual
+    JSON plus ``replay_of`` and ``reproduced`` (the new token ids equal the stored ones)."""
+    from pathlib import Path
+
+    from diagnostics.inspection import target_spec
+    from diagnostics.models import load_draft, load_model
+    from diagnostics.runner import check_replay_prompt, record_run, request_from_run
+    from diagnostics.store import Store, default_db_path
+
+    if args.prompt is not None:
+        raise ValueError("--prompt and --replay exclude each other: a replay uses the stored run's own prompt")
+    defaults = vars(build_parser().parse_args(["run", "--replay", "placeholder"]))
+    typed = [name for name in _REPLAYED_OPTIONS if getattr(args, name) != defaults[name]]
+    if typed:
+        raise ValueError(f"--replay takes the stored run's own settings; drop --{typed[0].replace('_', '-')}")
+    path = Path(args.db).expanduser() if args.db is not None else default_db_path()
+    if not path.is_file():
+        raise ValueError(f"there is no database at {path} to replay run {args.replay!r} from; pass --db the file that holds it")
+    store = Store(path)
+    stored = store.get_run(args.replay)
+    if stored is None:
+        raise ValueError(f"there is no run {args.replay!r} in {store.path}; check the id, or pass --db the file that holds it")
+    request = request_from_run(stored)
+    request.top_k_record = args.top_k_record
+    request.validate()
+    target = load_model(target_spec(stored), dtype=args.dtype, device=args.device, trust_remote_code=args.trust_remote_code)
+    check_replay_prompt(target, request, stored.get("prompt_ids"), args.replay)
+    draft = load_draft(request.draft, target, dtype=args.dtype, trust_remote_code=args.trust_remote_code)
+    progress = _Progress(request.max_new_tokens, f"replay {request.rule}", _progress_wanted(args))
+    try:
+        run_id, run = record_run(store, target, draft, request, on_record=progress)
+    finally:
+        progress.close()
+    payload = json.loads(_run_json(run_id, run, str(store.path)))
+    stored_tokens = [int(token) for token in stored.get("tokens") or []]
+    payload.update(replay_of=args.replay, reproduced=list(run.tokens) == stored_tokens)
+    print(json.dumps(payload, ensure_ascii=False), flush=True)
     return 0
 
 
@@ -215,7 +330,7 @@ def _command_compare(args: argparse.Namespace) -> int:
     bars: list[_Progress] = []
 
     def progress_for(request: Any) -> _Progress:
-        bars.append(_Progress(request.max_new_tokens, request.rule, not args.no_progress))
+        bars.append(_Progress(request.max_new_tokens, request.rule, _progress_wanted(args)))
         return bars[-1]
 
     try:
@@ -234,7 +349,8 @@ def _command_report(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from diagnostics.report import build_report
-    from diagnostics.store import Store
+    from diagnostics.store import Store, complete_groups
+    from diagnostics.untrusted import visible
 
     output = Path(args.output).expanduser()
     if output.is_dir():
@@ -242,13 +358,16 @@ def _command_report(args: argparse.Namespace) -> int:
     if not output.parent.is_dir():
         raise ValueError(f"the folder {output.parent} does not exist; create it, or give -o a path in an existing folder")
     store = Store(args.db, read_only=True)
+    completion = complete_groups(store, args.run_ids)  # build_report does the same: a group is reported whole
     text = build_report(store, args.run_ids, args.audit)  # built before the file is opened: no half-written report
     try:
         output.write_text(text, encoding="utf-8")
     except OSError as error:
         raise ValueError(f"cannot write {output}: {error.strerror or error}") from None
-    print(json.dumps({"report": str(output.resolve()), "runs": args.run_ids, "audits": args.audit,
-                      "bytes": len(text.encode())}))
+    for note in completion.notes("reported"):
+        print(f"note: {visible(note, limit=500)}", file=sys.stderr)
+    print(json.dumps({"report": str(output.resolve()), "runs": completion.run_ids, "audits": args.audit,
+                      "added_for_groups": completion.added, "bytes": len(text.encode())}, ensure_ascii=False))
     return 0
 
 
@@ -375,7 +494,12 @@ def _audit_recorded(args: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit status."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    words = sys.argv[1:] if argv is None else list(argv)
+    if not sys.stderr.isatty() or "--no-progress" in words:
+        _silence_library_progress_bars()  # before build_parser imports the libraries that read the environment
     args = build_parser().parse_args(argv)
+    if not _progress_wanted(args):
+        _silence_library_progress_bars()
     from diagnostics.engine import EngineError
     from diagnostics.models import ModelError
     from diagnostics.policy import PolicyError

@@ -297,7 +297,7 @@ def generate(
             break
     run.time_s = time.perf_counter() - start
     if loaded.tokenizer is not None:
-        run.text = loaded.tokenizer.decode(run.tokens, skip_special_tokens=False)
+        run.text = loaded.tokenizer.decode(run.tokens, skip_special_tokens=True)  # ids keep the EOS; the text does not
     return run
 
 

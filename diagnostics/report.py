@@ -1,14 +1,16 @@
 """One self-contained HTML file for a run or a compared group: works offline, opens anywhere.
 
 plotly.js is inlined once; figures are the same as the pages' (``diagnostics.charts``). Every
-piece of user or model text (prompt, output, token text) is HTML-escaped.
+piece of user or model text (prompt, output, token text) is HTML-escaped. A compared group is
+reported whole (its reference first), so every divergence points at a run the report shows.
 """
 
 from __future__ import annotations
 
 import html
-import json
+import shlex
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import plotly.io as pio
@@ -17,9 +19,8 @@ from plotly.offline import get_plotlyjs
 from diagnostics import __version__
 from diagnostics.audit.reporting import pair_rows, worst_position_rows
 from diagnostics.charts import audit_figure, token_strip_html, tracks_figure
-from diagnostics.inspection import target_spec
 from diagnostics.metrics import log_likelihood
-from diagnostics.store import Store, StoreError
+from diagnostics.store import Store, StoreError, complete_groups
 from diagnostics.untrusted import visible
 
 SUMMARY_FIELDS = [
@@ -46,17 +47,31 @@ def _number(value: Any) -> str:
     return _text(value)
 
 
-def _reproduce(run: dict[str, Any]) -> str:
-    policy = json.loads(run["policy"] or "{}")  # checked JSON: a shared file is validated when opened
-    flags = [f"--temperature {policy.get('temperature', 1.0)}"]
-    for key in ("top_k", "top_p", "min_p", "eta"):
-        if policy.get(key) is not None:
-            flags.append(f"--{key.replace('_', '-')} {policy[key]}")
-    target = target_spec(run)
-    draft = run["draft"] if run["draft"] and not run["draft"].startswith("none") else "none"
-    return (f"python -m diagnostics run --target {target} --draft {draft} --rule {run['rule']} --gamma {run['gamma']} "
-            f"--max-new-tokens {run['max_new_tokens']} --seed {run['seed']} {' '.join(flags)}"
-            + (" --raw" if run.get("raw_prompt") else "") + " --prompt '…'")
+def reproduce_command(run_id: str, db: str | Path) -> str:
+    """The shell command that records a stored run again with its own settings and says whether it
+    reproduced its tokens (``run --replay``); both arguments shell-quoted (a run id comes from a file)."""
+    def option(name: str, value: str) -> str:
+        # "--replay=-x": a value that starts with a dash must not read as an option.
+        return f"{name}{'=' if value.startswith('-') else ' '}{shlex.quote(value)}"
+
+    return f"python -m diagnostics run {option('--replay', str(run_id))} {option('--db', str(db))}"
+
+
+def _divergence(run: dict[str, Any], references: dict[str, str | None]) -> tuple[str, str]:
+    """A run's place in its compared group: (table cell, sentence for the meta line, HTML-escaped).
+    ``references`` maps a group id to its reference run, or to ``None`` when the file lacks it."""
+    group_id = run.get("group_id")
+    if group_id is None:
+        return "–", ""
+    reference = references.get(group_id)
+    if reference == run["run_id"]:
+        return "reference", f"reference run of group {_text(group_id)}"
+    position = run.get("divergence_position")
+    where = (f"the reference run {_text(reference)} of group {_text(group_id)}" if reference is not None
+             else f"the reference run of group {_text(group_id)} (not in this file)")
+    if position is None:
+        return "none", f"no divergence from {where}"
+    return _number(position), f"first divergence from {where}: {_number(position)}"
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
@@ -89,10 +104,15 @@ def audit_section(audit: dict[str, Any], index: int) -> str:
 
 def build_report(store: Store, run_ids: list[str], audit_ids: list[str] | None = None) -> str:
     """HTML text of the report for ``run_ids`` (one run, or a coupled group in order), with the
-    stored audits of those runs and the audits ``audit_ids``."""
+    stored audits of those runs and the audits ``audit_ids``. Every member of a compared group
+    one of the runs belongs to is included (the report says which were added); the reproduce
+    line of each run is its ``run --replay`` command against this store's file."""
     audit_ids = list(audit_ids or [])
     if not run_ids and not audit_ids:
         raise StoreError("give at least one run id or audit id")
+    completion = complete_groups(store, run_ids)
+    run_ids = completion.run_ids
+    db_path = store.path.absolute()
     runs = []
     for run_id in run_ids:
         run = store.get_run(run_id)
@@ -108,22 +128,27 @@ def build_report(store: Store, run_ids: list[str], audit_ids: list[str] | None =
         if audit is None:
             raise StoreError(f"there is no audit {audit_id!r} in {store.path}")
         audits.append(audit)
+    references: dict[str, str | None] = {}
+    for run, _ in runs:  # complete_groups puts each group's members in creation order: the first is the reference,
+        if run.get("group_id") is not None and run["group_id"] not in references:  # unless it diverges (the file lacks it)
+            references[run["group_id"]] = run["run_id"] if run.get("divergence_position") is None else None
     sections = []
     for index, (run, positions) in enumerate(runs):
         records = positions.to_dict("records")
-        divergence = run.get("divergence_position")
+        divergence = run.get("divergence_position") if references.get(run.get("group_id")) != run["run_id"] else None
+        _, place = _divergence(run, references)
         figure = tracks_figure(positions, divergence=divergence) if len(positions) else None
         figure_html = pio.to_html(figure, include_plotlyjs=False, full_html=False, div_id=f"tracks-{index}") if figure else "<p>No positions.</p>"
         sections.append(f"""
 <section class="run">
   <h2>{_text(run['rule'])} <small>run {_text(run['run_id'])} · {_text(run['status'])}</small></h2>
   <p class="meta">target {_text(run['target'])} · draft {_text(run['draft'])} · γ = {_number(run['gamma'])} · seed {_number(run['seed'])} ·
-     policy {_text(run['policy'] or '')} · first divergence from the first run: {_number(divergence)}</p>
+     max new tokens {_number(run.get('max_new_tokens'))} · policy {_text(run['policy'] or '')}{' · ' + place if place else ''}</p>
   <h3>Output</h3>
   {token_strip_html(records, divergence=divergence)}
   <h3>Per-position tracks</h3>
   {figure_html}
-  <p class="meta">Reproduce: <code>{_text(_reproduce(run))}</code></p>
+  <p class="meta">Reproduce: <code>{_text(reproduce_command(run['run_id'], db_path))}</code></p>
 </section>""")
     if audits:
         sections.append('<section class="run"><h2>Losslessness audits</h2>'
@@ -131,12 +156,14 @@ def build_report(store: Store, run_ids: list[str], audit_ids: list[str] | None =
                         + "".join(audit_section(audit, index) for index, audit in enumerate(audits)) + "</section>")
     header_cells = "".join(f"<th title='{html.escape(help_)}'>{html.escape(name)}</th>" for name, _, help_ in SUMMARY_FIELDS)
     rows = "".join(
-        f"<tr><td>{_text(run['rule'])}</td>" + "".join(f"<td>{_number(run.get(key))}</td>" for _, key, _ in SUMMARY_FIELDS) + "</tr>"
+        f"<tr><td>{_text(run['run_id'])}</td><td>{_text(run['rule'])}</td><td>{_divergence(run, references)[0]}</td>"
+        + "".join(f"<td>{_number(run.get(key))}</td>" for _, key, _ in SUMMARY_FIELDS) + "</tr>"
         for run, _ in runs
     )
+    added = "".join(f'<p class="meta">Note: {_text(note)}.</p>' for note in completion.notes("reported"))
     summary = (f"""<h3>Prompt</h3><pre>{_text(runs[0][0]['prompt'] or '', keep=chr(10) + chr(9))}</pre>
-<h3>Summary</h3>
-<table><tr><th>rule</th>{header_cells}</tr>{rows}</table>
+<h3>Summary</h3>{added}
+<table><tr><th>run</th><th>rule</th><th title="first position where the run decides differently from the reference run of its group">first divergence</th>{header_cells}</tr>{rows}</table>
 <p class="meta">Definitions: hover a column title. TV(a, b) = ½ Σ |a − b|; P is the exact law each token was drawn from.</p>"""
                if runs else "")
     subject = f"target {runs[0][0]['target']}" if runs else f"{len(audits)} audit(s)"

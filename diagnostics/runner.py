@@ -56,6 +56,51 @@ class RunRequest:
         check_numbers(self.gamma, self.max_new_tokens, self.seed, self.top_k_record)
 
 
+def request_from_run(run: dict[str, Any]) -> RunRequest:
+    """The request that recorded ``run`` (a ``Store.get_run`` row): its prompt, raw flag, rule,
+    drafter, γ, token budget, seed, policy and draft policy, so that recording it again on the same
+    models repeats the run token for token. Raises ``ValueError`` (one line) for a row that does
+    not say how it was made."""
+    import json
+
+    def policy_of(text: Any, column: str) -> Policy:
+        try:
+            values = json.loads(text) if text else {}
+            return Policy(**values)
+        except (ValueError, TypeError) as error:
+            raise ValueError(f"run {run.get('run_id')!r} has an unusable {column} ({error}); it cannot be replayed") from None
+
+    missing = [name for name in ("prompt", "rule", "seed", "max_new_tokens") if run.get(name) is None]
+    if missing:
+        raise ValueError(f"run {run.get('run_id')!r} has no {missing[0]}; it cannot be replayed")
+    draft = str(run.get("draft") or "").strip()
+    draft_spec = None if not draft or draft.lower().startswith(("none", "plain")) else draft
+    policy = policy_of(run.get("policy"), "policy")
+    draft_policy = policy_of(run.get("draft_policy"), "draft policy") if run.get("draft_policy") else policy
+    return RunRequest(
+        prompt=run["prompt"], rule=run["rule"], draft=draft_spec, gamma=int(run.get("gamma") or 0),
+        max_new_tokens=int(run["max_new_tokens"]), seed=int(run["seed"]), policy=policy,
+        draft_policy=None if draft_policy == policy else draft_policy, raw=bool(run.get("raw_prompt")),
+    )
+
+
+def check_replay_prompt(target: LoadedModel, request: RunRequest, stored_ids: list[int] | None, run_id: str) -> None:
+    """Refuse a replay whose prompt no longer encodes to the stored ``prompt_ids`` (the tokenizer or
+    its chat template changed): the new run would not repeat the old one. A run stored without
+    ``prompt_ids`` cannot be checked and passes."""
+    if stored_ids is None:
+        return
+    stored = [int(token) for token in stored_ids]
+    ids = encode_prompt(target, request.prompt, request.raw)
+    if ids != stored:
+        first = next((index for index, (a, b) in enumerate(zip(ids, stored)) if a != b), min(len(ids), len(stored)))
+        raise EngineError(
+            f"the prompt of run {run_id!r} now encodes to other token ids than were stored ({len(ids)} tokens vs "
+            f"{len(stored)}, first difference at token {first}): the tokenizer of {target.name} changed, so the run "
+            "cannot be replayed exactly; load the tokenizer it was recorded with"
+        )
+
+
 def check_prompt_text(text: str) -> None:
     """A prompt must be non-empty text that UTF-8 can encode (a terminal in another encoding
     hands Python undecodable bytes as lone surrogates, which no tokenizer takes)."""
@@ -155,7 +200,7 @@ def record_run(
     except BaseException:
         # Ctrl-C, or a dashboard rerun stopping the script: keep what was recorded.
         tokens = [record.token for record in partial]
-        text = target.tokenizer.decode(tokens) if target.tokenizer is not None else None
+        text = target.tokenizer.decode(tokens, skip_special_tokens=True) if target.tokenizer is not None else None
         writer.close_quietly("interrupted", {"tokens": tokens, "n_tokens": len(tokens), "output_text": text,
                                              "stop_reason": "interrupted"}, error="interrupted by the user")
         raise

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -69,8 +70,33 @@ def test_recorded_run_audit_links_to_inspect(database, tiny_folder) -> None:
     at.run(timeout=180)
     assert not at.exception, [e.value for e in at.exception]
     assert at.success and f"run {run_id}" in at.success[0].value and "p recomputed" in at.success[0].value
-    assert any(f"/?run={run_id}&pos=" in markdown.value for markdown in at.markdown)
+    assert any(f"/inspect?run={run_id}&pos=" in markdown.value for markdown in at.markdown)
     assert Store(database, read_only=True).list_audits(run_ids=[run_id])["verdict"].tolist() == ["pass"]
+
+
+def test_recorded_audit_of_a_lossy_run_says_what_it_checked_and_links_each_worst_position(database, tiny_folder) -> None:
+    """A lossy run's recorded audit: PASS once, as "consistent with the declared rule", never as
+    lossless; one Inspect link per listed position, in the table's (worst-first) order."""
+    store = Store(database)
+    run_id, _ = record_run(store, load_model(tiny_folder), "ngram:2",
+                           RunRequest(prompt="w1 w2 w3 w1 w2", rule="lenience:0.5", draft="ngram:2", gamma=3,
+                                      max_new_tokens=24, seed=5, raw=True))
+    at = _audit_page()
+    at.radio(key="audit_layer").set_value("Recorded run")
+    at.run()
+    at.button(key="audit_run_go").click()
+    at.run(timeout=180)
+    assert not at.exception, [e.value for e in at.exception]
+    banner = at.success[0].value
+    assert banner.startswith("**PASS** · the recorded decisions are consistent with the declared rule ` lenience:0.5 ` (a lossy rule")
+    assert banner.count("PASS") == 1 and f"run {run_id}" in banner
+    table = next(frame.value for frame in at.dataframe if "check" in frame.value.columns)
+    listed = list(dict.fromkeys(int(position) for position in table["position"] if position >= 0))
+    assert len(listed) == 10 and listed != sorted(listed)  # worst first, not positions 0-4
+    links = [markdown.value for markdown in at.markdown if "/inspect?run=" in markdown.value]
+    assert len(links) == 1
+    linked = [int(position) for position in re.findall(rf"\(/inspect\?run={run_id}&pos=(\d+)\)", links[0])]
+    assert linked == listed
 
 
 def test_rule_level_audit_with_real_positions_of_the_target(database) -> None:

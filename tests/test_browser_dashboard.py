@@ -105,7 +105,7 @@ def test_run_page_streams_tokens_and_keeps_script_inert(setup, browser) -> None:
     assert page.evaluate("window.__pwned") is None
     _shot(page, "run")
     link = page.get_by_role("link", name="Inspect run").get_attribute("href")
-    assert link.startswith("/?run=")
+    assert link.startswith("/inspect?run=")
     page.goto(setup["url"] + link)
     page.get_by_role("heading", name="Inspect a run").wait_for(timeout=30_000)
     page.get_by_text("Prompt, policy and output").click()
@@ -116,7 +116,7 @@ def test_run_page_streams_tokens_and_keeps_script_inert(setup, browser) -> None:
 
 def test_inspect_click_a_position(setup, browser) -> None:
     page = browser.new_page(viewport={"width": 1400, "height": 1400})
-    page.goto(f"{setup['url']}/?run={setup['lossy']}")
+    page.goto(f"{setup['url']}/inspect?run={setup['lossy']}")
     page.get_by_role("heading", name="Inspect a run").wait_for(timeout=30_000)
     page.get_by_text("Position 0:").wait_for(timeout=30_000)
     page.wait_for_timeout(1000)
@@ -153,6 +153,7 @@ def test_download_report_and_open_it_offline(setup, browser, tmp_path: Path) -> 
     # Select the first row through the grid's row-marker column.
     box = grid.bounding_box()
     page.mouse.click(box["x"] + 14, box["y"] + 52)
+    page.get_by_role("button", name="Build report (HTML)").click()  # built on request, not on selection
     page.get_by_role("button", name="Download report (HTML)").wait_for(timeout=30_000)
     with page.expect_download() as download:
         page.get_by_role("button", name="Download report (HTML)").click()
@@ -183,7 +184,7 @@ def test_long_run_inspect_is_interactive_quickly(setup, browser) -> None:
     "cold": a fresh tab whose first page is this one (the browser also loads Plotly's bundle);
     "warm": the same tab after another page with a chart. The warm time is held under 2 s.
     """
-    url = f"{setup['url']}/?run={setup['long']}"
+    url = f"{setup['url']}/inspect?run={setup['long']}"
     cold_page = browser.new_page(viewport={"width": 1400, "height": 1200})
     cold = _time_inspect(cold_page, url)
     cold_page.close()

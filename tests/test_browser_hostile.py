@@ -23,7 +23,7 @@ from shared_files import HOSTILE_AUDIT_ID, HOSTILE_GROUP_ID, HOSTILE_RUN_ID, hos
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 
-# Elements that would mean a payload rendered as markup. The app's own links (href "/?run=…",
+# Elements that would mean a payload rendered as markup. The app's own links (href "/inspect?run=…",
 # percent-encoded) may carry a payload as their literal label; any other link may not exist.
 RENDERED = ("a:not([href^='/']):has-text('PWN'), a[href*='127.0.0.1:9'], a[href*='pwn.example'], a[href^='mailto'], "
             "img[alt*='PWN'], img[src*='127.0.0.1'], "
@@ -88,7 +88,7 @@ def test_every_page_shows_a_hostile_database_as_text(setup, page) -> None:
     page.get_by_text("spec-verify-lab").first.wait_for(timeout=30_000)
     _inert(page, "run", url)
 
-    _open(page, f"{url}/?run={quote(HOSTILE_RUN_ID, safe='')}&pos=1", "Inspect a run")
+    _open(page, f"{url}/inspect?run={quote(HOSTILE_RUN_ID, safe='')}&pos=1", "Inspect a run")
     page.get_by_text("Position 1:").first.wait_for(timeout=60_000)
     page.get_by_text("PWN **PWNBOLD**").first.wait_for(timeout=30_000)  # the caption shows the payload as text
     page.get_by_role("button", name=re.compile(r"^Load PWN")).wait_for(timeout=30_000)  # asks before loading what the file names
@@ -114,6 +114,7 @@ def test_every_page_shows_a_hostile_database_as_text(setup, page) -> None:
     grid.wait_for(timeout=30_000)
     box = grid.bounding_box()
     page.mouse.click(box["x"] + 14, box["y"] + 52)  # select the first row
+    page.get_by_role("button", name="Build report (HTML)").click()
     page.get_by_role("button", name="Download report (HTML)").wait_for(timeout=30_000)
     _inert(page, "runs", url)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -147,12 +148,33 @@ def test_real_embedded_model_end_to_end(tmp_path: Path) -> None:
     assert positions["tv_target"].notna().all()
 
 
+def _stored_positions(db: Path) -> int:
+    """Positions a running CLI has flushed to ``db`` so far (0 while the file is new or its lock is held).
+
+    Stderr is a pipe here, so the CLI draws no progress bar: the tests watch the database instead.
+    """
+    import duckdb
+
+    try:
+        with duckdb.connect(str(db), read_only=True) as con:
+            return int(con.execute("SELECT count(*) FROM positions").fetchone()[0])
+    except duckdb.Error:  # not created yet, or the writer holds it for a moment
+        return 0
+
+
+def _wait_for_positions(process: subprocess.Popen, db: Path, count: int, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and process.poll() is None:
+        if db.exists() and _stored_positions(db) >= count:
+            return
+        time.sleep(0.2)
+
+
 def test_ctrl_c_keeps_the_run_marked_interrupted(tmp_path: Path) -> None:
     """Ctrl-C in the middle of a run on the embedded model (slow enough to interrupt).
 
-    The test watches the progress bar on stderr to know the run is under way.
+    The test watches the database to know the run is under way.
     """
-    import re
     import threading
 
     db = tmp_path / "runs.duckdb"
@@ -168,12 +190,7 @@ def test_ctrl_c_keeps_the_run_marked_interrupted(tmp_path: Path) -> None:
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and process.poll() is None:
-        counts = [int(found) for found in re.findall(rb"(\d+)/300", b"".join(chunks))]
-        if counts and max(counts) >= 10:
-            break
-        time.sleep(0.05)
+    _wait_for_positions(process, db, 10)
     process.send_signal(signal.SIGINT)
     process.wait(timeout=60)
     reader.join(timeout=10)
@@ -224,8 +241,7 @@ def test_a_recorded_audit_loads_the_runs_models_only_when_asked(capsys, tiny_fol
 
 
 def _start_and_wait(db: Path, tokens: int, *argv: str) -> tuple[subprocess.Popen, list[bytes]]:
-    """A CLI run on the embedded model (slow enough to stop), returned once its progress bar shows ``tokens``."""
-    import re
+    """A CLI run on the embedded model (slow enough to stop), returned once ``tokens`` positions are stored."""
     import threading
 
     process = _cli("run", "--db", str(db), *argv, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
@@ -236,12 +252,7 @@ def _start_and_wait(db: Path, tokens: int, *argv: str) -> tuple[subprocess.Popen
             chunks.append(chunk)
 
     threading.Thread(target=read, daemon=True).start()
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and process.poll() is None:
-        counts = [int(found) for found in re.findall(rb"(\d+)/\d+ \[", b"".join(chunks))]
-        if counts and max(counts) >= tokens:
-            break
-        time.sleep(0.05)
+    _wait_for_positions(process, db, tokens)
     return process, chunks
 
 
@@ -315,3 +326,113 @@ def test_a_full_disk_is_one_line_and_keeps_earlier_runs(capsys, tiny_folder: str
     finally:
         if mounted:
             subprocess.run(["umount", str(folder)], check=False)
+
+
+def _help(capsys, *argv: str) -> str:
+    """A (sub)command's --help, whitespace-normalised (argparse wraps at the terminal's width)."""
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--help"])
+    assert exit_.value.code == 0
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_help_lists_every_rule_and_every_default(capsys) -> None:
+    from diagnostics.cli import build_parser
+    from diagnostics.rules import EXAMPLE_SPECS
+
+    run_help = _help(capsys, "run")
+    for spec in EXAMPLE_SPECS:
+        assert spec in run_help, spec
+    assert "mentored:0.5,2" in run_help
+    assert "--max-new-tokens MAX_NEW_TOKENS token budget of the generation (default: 64)" in run_help
+    assert "--gamma GAMMA draft tokens per block (default: 4)" in run_help
+    assert "(default: 0)" in run_help and "(default: lossless)" in run_help
+    compare_help = _help(capsys, "compare")
+    assert "a bare number continues the previous spec" in compare_help and "'lossless,medusa:0.09,0.3' is two rules" in compare_help
+    assert "';' also separates" in compare_help
+    bench_help = _help(capsys, "bench")
+    assert "(default: 48)" in bench_help and "(default: 2)" in bench_help and "smoke test" in bench_help
+    parser = build_parser()
+    for name, sub in parser._subparsers._group_actions[0].choices.items():
+        text = " ".join(sub.format_help().split())
+        assert "(default: None)" not in text and "(default: False)" not in text and "(default: [])" not in text, name
+        assert not re.search(r"default[^()]*\) \(default", text), f"{name}: a default said twice"
+        for action in sub._actions:
+            assert action.help and action.help.strip(), f"{name} {action.option_strings or action.dest} has no help"
+
+
+def test_redirected_stderr_gets_no_progress_bars(tiny_folder: str, tmp_path: Path) -> None:
+    """stderr is a pipe (a log file, CI): no tqdm bar of ours or of the libraries, so no carriage
+    returns or escape codes; stdout still carries the JSON."""
+    process = subprocess.run(
+        [sys.executable, "-m", "diagnostics", "run", "--prompt", "w1 w2 w3", "--target", tiny_folder, "--draft", "ngram:2",
+         "--raw", "--max-new-tokens", "16", "--db", str(tmp_path / "runs.duckdb")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert process.returncode == 0, process.stderr[-2000:]
+    assert json.loads(process.stdout)["tokens"] >= 1
+    assert "\x1b[" not in process.stderr and "\r" not in process.stderr, repr(process.stderr[-500:])
+    assert "it/s" not in process.stderr and "tok/s" not in process.stderr and "%|" not in process.stderr
+
+
+def _stored_tokens(db: Path, run_id: str) -> list[int]:
+    return [int(token) for token in Store(db).get_run(run_id)["tokens"]]
+
+
+@pytest.mark.parametrize("settings", [
+    ["--rule", "lenience:0.5", "--draft", "ngram:2", "--gamma", "3", "--temperature", "0.8", "--top-k", "6", "--seed", "3"],
+    ["--rule", "lossless", "--draft", "none", "--draft-temperature", "0.5", "--seed", "11"],
+])
+def test_a_replayed_run_reproduces_its_tokens(capsys, tiny_folder: str, tmp_path: Path, settings: list[str]) -> None:
+    """`run --replay ID` records the stored run again with the run's own settings: same tokens."""
+    db = tmp_path / "runs.duckdb"
+    status, lines, _ = _run(capsys, "run", "--prompt", "w1 w2 w3 w1 w2", "--target", tiny_folder, "--raw",
+                            "--max-new-tokens", "14", "--db", str(db), *settings)
+    assert status == 0
+    original = lines[0]
+    status, lines, err = _run(capsys, "run", "--replay", original["run_id"], "--db", str(db))
+    assert status == 0 and len(lines) == 1, err
+    replay = lines[0]
+    assert replay["replay_of"] == original["run_id"] and replay["reproduced"] is True
+    assert replay["run_id"] != original["run_id"] and replay["rule"] == original["rule"] and replay["text"] == original["text"]
+    assert _stored_tokens(db, replay["run_id"]) == _stored_tokens(db, original["run_id"]) != []
+    old, new = Store(db).get_run(original["run_id"]), Store(db).get_run(replay["run_id"])
+    for column in ("target", "draft", "rule", "gamma", "seed", "max_new_tokens", "policy", "draft_policy", "raw_prompt",
+                   "prompt", "prompt_ids"):
+        assert new[column] == old[column], column
+
+
+def test_replay_refusals_are_one_line(capsys, tiny_folder: str, tmp_path: Path) -> None:
+    """A missing id (named with its database), a changed tokenizer, --prompt with --replay, neither
+    of them, and a typed setting: one line each, exit 2, no new run."""
+    import duckdb
+
+    db = tmp_path / "runs.duckdb"
+    _, lines, _ = _run(capsys, "run", "--prompt", "w1 w2 w3", "--target", tiny_folder, "--draft", "ngram:2", "--raw",
+                       "--max-new-tokens", "6", "--db", str(db))
+    run_id = lines[0]["run_id"]
+    with duckdb.connect(str(db)) as con:
+        con.execute("INSERT INTO runs SELECT * REPLACE ('changed' AS run_id, [1, 2, 9] AS prompt_ids) FROM runs")
+    cases = [
+        (["run", "--replay", "nope", "--db", str(db)], f"there is no run 'nope' in {db}"),
+        (["run", "--replay", "nope", "--db", str(tmp_path / "missing.duckdb")], f"there is no database at {tmp_path / 'missing.duckdb'}"),
+        (["run", "--replay", "changed", "--db", str(db)], "now encodes to other token ids than were stored"),
+        (["run", "--replay", run_id, "--prompt", "w1", "--db", str(db)], "--prompt and --replay exclude each other"),
+        (["run", "--target", tiny_folder, "--db", str(db)], "pass --prompt TEXT, or --replay RUN_ID"),
+        (["run", "--replay", run_id, "--seed", "4", "--db", str(db)], "--replay takes the stored run's own settings; drop --seed"),
+    ]
+    for argv, fragment in cases:
+        status, out, err = _run(capsys, *argv)
+        assert status == 2 and not out, err
+        assert err.startswith("error: ") and fragment in err and err.count("\n") == 1 and "Traceback" not in err, err
+    assert len(Store(db).list_runs()) == 2 and not (tmp_path / "missing.duckdb").exists()
+
+
+def test_replay_of_a_missing_id_through_the_command_line(tiny_folder: str, tmp_path: Path) -> None:
+    """The real process: exit status 2 and one line on stderr, no traceback."""
+    db = tmp_path / "runs.duckdb"
+    Store(db)
+    process = subprocess.run([sys.executable, "-m", "diagnostics", "run", "--replay", "ghost", "--db", str(db)],
+                             cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert process.returncode == 2 and not process.stdout
+    assert process.stderr == f"error: there is no run 'ghost' in {db}; check the id, or pass --db the file that holds it\n"

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import html
 import json
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,7 @@ from diagnostics.engine import PositionRecord
 from diagnostics.models import load_model
 from diagnostics.report import build_report
 from diagnostics.runner import RunRequest, compare_rules
-from diagnostics.store import Store, StoreError, export_runs, import_runs
+from diagnostics.store import Store, StoreError, complete_groups, export_runs, import_runs
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +37,9 @@ def test_report_is_self_contained_and_offline(group) -> None:
     page = re.sub(r"<script>.*?</script>", "", text, count=1, flags=re.S)
     assert not re.search(r"""(src|href)=["']https?://""", page), "the report must not load anything from the network"
     assert "Content-Security-Policy" in text and "default-src 'none'" in text
-    assert "lossless" in text and "cascade:0.5" in text and "--seed 5" in text
+    assert "lossless" in text and "cascade:0.5" in text and "seed 5" in text
+    for run_id in run_ids:
+        assert f"python -m diagnostics run --replay {run_id} --db {store.path.absolute()}" in text
     assert text.count('data-position="') == 28
 
 
@@ -82,7 +86,7 @@ def test_export_then_import_read_only(group, tmp_path: Path, fmt: str) -> None:
     shared = import_runs(exported, tmp_path / "imported.duckdb")
     assert shared.read_only
     runs = shared.list_runs()
-    assert list(runs["run_id"]) == run_ids[:1]
+    assert sorted(runs["run_id"]) == sorted(run_ids)  # the reference brings its group along
     assert len(shared.positions(run_ids[0])) == len(store.positions(run_ids[0]))
     assert shared.get_run(run_ids[0])["tokens"] == store.get_run(run_ids[0])["tokens"]
     with pytest.raises(StoreError, match="read-only"):
@@ -122,3 +126,80 @@ def test_report_carries_the_runs_audits_escaped(tmp_path: Path, capsys) -> None:
     assert main(["report", "--audit", alone, "--db", str(store.path), "-o", str(out)]) == 0
     assert json.loads(capsys.readouterr().out)["audits"] == [alone] and out.stat().st_size > 1_000_000
     assert main(["report", "--audit", "nope", "--db", str(store.path), "-o", str(out)]) == 2
+
+
+def _summary_rows(text: str) -> list[list[str]]:
+    """The cells of the report's summary table (the one headed 'run', 'rule', 'first divergence')."""
+    table = re.search(r"<table><tr><th>run</th><th>rule</th>.*?</table>", text, flags=re.S).group(0)
+    rows = re.findall(r"<tr>(.*?)</tr>", table, flags=re.S)[1:]
+    return [re.findall(r"<td>(.*?)</td>", row, flags=re.S) for row in rows]
+
+
+def test_a_group_report_names_each_run_and_its_reference(group) -> None:
+    """The reference row says 'reference'; every row names its run; asked for one member, the report
+    brings the whole group (reference first) and says which runs it added."""
+    store, run_ids = group
+    for asked in (run_ids, run_ids[::-1], run_ids[1:]):
+        text = build_report(store, asked)
+        rows = _summary_rows(text)
+        assert [row[0] for row in rows] == run_ids, asked
+        assert rows[0][1:3] == ["lossless", "reference"] and rows[1][1] == "cascade:0.5" and rows[1][2] != "reference"
+        assert "first divergence from the first run" not in text
+        assert text.count("reference run of group ") == 1
+        divergence = store.get_run(run_ids[1])["divergence_position"]
+        sentence = (f"first divergence from the reference run {run_ids[0]} of group" if divergence is not None
+                    else f"no divergence from the reference run {run_ids[0]} of group")
+        assert sentence in text
+        assert ("added 1 run of group" in text) == (asked == run_ids[1:])
+    assert complete_groups(store, run_ids[1:]).notes("reported") == [
+        f"added 1 run of group {store.get_run(run_ids[0])['group_id']} ({run_ids[0]}) so the group is reported whole"]
+
+
+def test_the_report_command_says_which_runs_it_added(group, tmp_path: Path, capsys) -> None:
+    store, run_ids = group
+    output = tmp_path / "one.html"
+    assert main(["report", run_ids[1], "--db", str(store.path), "-o", str(output)]) == 0
+    captured = capsys.readouterr()
+    written = json.loads(captured.out)
+    group_id = store.get_run(run_ids[0])["group_id"]
+    assert written["runs"] == run_ids and written["added_for_groups"] == {group_id: [run_ids[0]]}
+    assert captured.err == f"note: added 1 run of group {group_id} ({run_ids[0]}) so the group is reported whole\n"
+
+
+def test_the_reproduce_line_is_quoted_for_the_shell_and_escaped(tmp_path: Path) -> None:
+    """A run id and a database path with quotes, markup and a leading dash reach the report
+    shell-quoted and then HTML-escaped."""
+    import duckdb
+
+    db = tmp_path / "it's <b>mine</b>.duckdb"
+    store = Store(db)
+    run_id = store.start_run({"prompt": "p", "rule": "lossless", "target": "t", "draft": "ngram:2", "policy": "{}",
+                              "draft_policy": "{}", "gamma": 4, "seed": 0, "max_new_tokens": 1})
+    store.finish_run(run_id, "complete")
+    hostile = "-x'; rm -rf ~ <script>alert(1)</script>"
+    with duckdb.connect(str(db)) as con:
+        con.execute("UPDATE runs SET run_id = ? WHERE run_id = ?", [hostile, run_id])
+    text = build_report(store, [hostile])
+    command = f"python -m diagnostics run --replay={shlex.quote(hostile)} --db {shlex.quote(str(db.absolute()))}"
+    assert f"<code>{html.escape(command)}</code>" in text
+    from diagnostics.cli import build_parser
+
+    parsed = build_parser().parse_args(shlex.split(command)[3:])  # what the shell hands the CLI
+    assert parsed.replay == hostile and parsed.db == str(db.absolute())
+    assert "<script>alert(1)" not in text.split("</head>", 1)[1]
+
+
+@pytest.mark.parametrize("fmt", ["duckdb", "parquet"])
+def test_exporting_one_member_exports_its_whole_group(group, tmp_path: Path, fmt: str) -> None:
+    """The file never claims a divergence from a reference it does not hold."""
+    store, run_ids = group
+    completion = complete_groups(store, run_ids[1:])
+    assert completion.run_ids == run_ids and list(completion.added.values()) == [run_ids[:1]]
+    exported = export_runs(store, run_ids[1:], tmp_path / f"member.{fmt}", fmt)
+    shared = import_runs(exported, tmp_path / "imported.duckdb")
+    assert sorted(shared.list_runs()["run_id"]) == sorted(run_ids)
+    group_id = store.get_run(run_ids[0])["group_id"]
+    assert shared.group(group_id)["run_id"].tolist() == run_ids
+    for run_id in run_ids:
+        assert len(shared.positions(run_id)) == len(store.positions(run_id))
+    assert _summary_rows(build_report(shared, run_ids[1:]))[0][:3] == [run_ids[0], "lossless", "reference"]

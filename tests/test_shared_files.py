@@ -89,10 +89,24 @@ def test_hostile_text_in_a_valid_file_renders_literally(base, tmp_path: Path, ap
                 body = getattr(element, "value", "") or ""
                 if "PWN" in body:
                     # Only inside code spans: strip them and no payload is left.
-                    outside = re.sub(r"\]\(/\?[^)\s]*\)", "]", re.sub(r"(`+) .*? \1", "", body))  # links are percent-encoded
+                    outside = re.sub(r"\]\(/(?:inspect)?\?[^)\s]*\)", "]", re.sub(r"(`+) .*? \1", "", body))  # links are percent-encoded
                     assert "PWN" not in outside, (page, kind, body[:300])
     text = build_report(opened, hostile.run_ids, hostile.audit_ids)
     body = text.split("</head>", 1)[1]
     assert "<script>window" not in body and "<img src=http" not in body and "\x1b" not in body and "\u202e" not in body
     assert "\\x1b[2J\\u202eEND" in body and "PWN" in body
     assert PAYLOAD not in body  # never raw
+
+
+def test_one_member_of_a_group_is_shared_with_its_reference(base, tmp_path: Path, app_env, capsys) -> None:
+    """Exporting only the second run of the real export's group writes its reference too, so the
+    file opens and renders with the divergence pointing at a run it holds."""
+    from diagnostics.store import complete_groups, export_runs
+
+    shared = import_runs(base.path, tmp_path / "base.duckdb")
+    assert complete_groups(shared, base.run_ids[1:]).added == {shared.get_run(base.run_ids[0])["group_id"]: base.run_ids[:1]}
+    exported = export_runs(shared, base.run_ids[1:], tmp_path / "member.duckdb")
+    opened = import_runs(exported, tmp_path / "member-imported.duckdb")
+    assert sorted(opened.list_runs()["run_id"]) == sorted(base.run_ids)
+    assert "reference run of group" in build_report(opened, base.run_ids[1:])
+    _renders(exported, tmp_path, capsys)

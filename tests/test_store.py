@@ -333,3 +333,41 @@ def test_a_reaped_run_gets_its_tokens_back_from_its_positions(tmp_path: Path, ti
     row = Store(path).get_run(run_id)
     assert row["status"] == "interrupted" and list(row["tokens"]) == run.tokens and row["n_tokens"] == len(run.tokens)
     assert row["output_text"] == "".join(record.token_text for record in run.records) and row["target_passes"] == run.blocks
+
+
+def test_complete_groups_brings_every_member_reference_first(tmp_path: Path, tiny) -> None:
+    """A selection touching two groups and a lone run: each group whole, in creation order, placed
+    at its first selected member; the added runs are named per group; unknown ids are kept."""
+    from diagnostics.store import complete_groups, export_runs
+
+    store = Store(tmp_path / "runs.duckdb")
+    first, results_a, _ = compare_rules(store, tiny, "ngram:2", [_request(rule=rule) for rule in ("lossless", "lenience:0.1", "cascade:0.9")])
+    second, results_b, _ = compare_rules(store, tiny, "ngram:2", [_request(rule=rule, seed=2) for rule in ("lossless", "greedy")])
+    lone, _ = record_run(store, tiny, "ngram:2", _request())
+    a, b = [run_id for run_id, _ in results_a], [run_id for run_id, _ in results_b]
+    completion = complete_groups(store, [lone, b[1], a[2], "missing", a[0]])
+    assert completion.run_ids == [lone, *b, *a, "missing"]
+    assert completion.added == {second: [b[0]], first: [a[1]]}
+    assert completion.notes() == [f"added 1 run of group {second} ({b[0]}) so the group is exported whole",
+                                  f"added 1 run of group {first} ({a[1]}) so the group is exported whole"]
+    whole = complete_groups(store, [*a, lone])
+    assert whole.run_ids == [*a, lone] and whole.added == {} and whole.notes() == []
+    assert complete_groups(store, []).run_ids == []
+    exported = Store(export_runs(store, [a[1]], tmp_path / "one.duckdb"))
+    assert exported.group(first)["run_id"].tolist() == a and len(exported.list_runs()) == 3
+
+
+def test_the_decoded_text_skips_special_tokens_but_the_ids_keep_eos(tmp_path: Path, tiny) -> None:
+    """A run that ends on EOS: its token ids end with the EOS id, its text (printed and stored) does not show it."""
+    store = Store(tmp_path / "runs.duckdb")
+    eos = tiny.tokenizer.eos_token_id
+    for seed in range(40):
+        run_id, run = record_run(store, tiny, "ngram:2", _request(seed=seed, max_new_tokens=40, rule="lossless"))
+        if run.stop_reason == "eos":
+            break
+    assert run.stop_reason == "eos" and run.tokens[-1] == eos, "no seed ended on EOS"
+    eos_text = tiny.tokenizer.convert_ids_to_tokens(eos)
+    assert eos_text not in run.text.split()
+    assert run.text == tiny.tokenizer.decode(run.tokens, skip_special_tokens=True)
+    row = store.get_run(run_id)
+    assert row["output_text"] == run.text and list(row["tokens"])[-1] == eos

@@ -1,4 +1,4 @@
-"""Audit: is an implementation lossless? Run an audit at one layer, read its verdict and evidence."""
+"""Audit: does an implementation do what its rule declares? Run an audit at one layer, read its verdict and evidence."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from diagnostics.charts import audit_figure
 from diagnostics.inspection import target_spec
 from diagnostics.models import ModelError
 from diagnostics.report import build_report
-from diagnostics.rules import RuleError
+from diagnostics.rules import RuleError, get_rule
 from views.common import default_target, file_name_part, literal, md, model_consent, open_store, plain, run_label, run_link, show_error, try_model
 
 LAYERS = {
@@ -33,8 +33,10 @@ LAYERS = {
 }
 
 st.title("Audit")
-st.caption("Does an implementation keep the lossless guarantee? A correct one fails with probability at most the "
-           "level (1%); each verdict states the smallest error its sample size could detect.")
+st.caption("Does an implementation do what its rule declares? An audit of a rule or of the engine tests whether its output "
+           "law is the target's (lossless) or a declared lossy rule's: a correct one fails with probability at most the level "
+           "(1%), and each verdict states the smallest error its sample size could detect. An audit of a stored run checks "
+           "that its decisions are consistent with the rule it declares, lossless or not.")
 store = open_store()
 if store is None:
     st.stop()
@@ -59,6 +61,29 @@ def _save(evidence: dict) -> None:
         return
     st.session_state["audit_selected"] = store.add_audit(evidence, summary_line(evidence))
     st.session_state.pop("audit_unsaved", None)
+
+
+# The summary line names the verdict; the banner says it once, before it.
+VERDICT_MARK = "\u2063VERDICT\u2063"
+
+
+def line_without_verdict(evidence: dict) -> str:
+    """The audit's summary line without its verdict (the banner leads with it)."""
+    return summary_line({**evidence, "verdict": VERDICT_MARK}).replace(f" · {VERDICT_MARK}", "", 1)
+
+
+def recorded_claim(evidence: dict, failed: bool) -> str:
+    """What a recorded-run audit checked: the stored decisions against the run's declared rule,
+    which may be lossy (a PASS then means "did what the rule says", not "lossless")."""
+    run = store.get_run(str(evidence.get("run_id")))
+    if run is None:
+        return "the recorded decisions are " + ("not " if failed else "") + "consistent with the run's declared rule (the run is not in this database)"
+    try:
+        lossy = get_rule(run["rule"]).lossy
+    except RuleError:
+        lossy = None
+    note = " (a lossy rule: not a lossless guarantee)" if lossy else " (a lossless rule)" if lossy is False else ""
+    return md("the recorded decisions are " + ("not " if failed else "") + "consistent with the declared rule {rule}", rule=run["rule"]) + note
 
 
 with st.expander("New audit", expanded=store.list_audits().empty):
@@ -139,9 +164,11 @@ if not audits.empty:
         evidence = store.get_audit(audit_id)["evidence"]
 
 verdict = evidence["verdict"]
-line = summary_line(evidence)
 headline = "**FAIL** · " if verdict == "fail" else "**PASS** · "  # a constant: the stored verdict is only compared
-(st.error if verdict == "fail" else st.success)(headline + md("{line}", line=line), icon="🚨" if verdict == "fail" else "✅")
+if evidence.get("layer") == "recorded":
+    headline += recorded_claim(evidence, verdict == "fail") + " · "
+(st.error if verdict == "fail" else st.success)(headline + md("{line}", line=line_without_verdict(evidence)),
+                                               icon="🚨" if verdict == "fail" else "✅")
 for reason in evidence.get("reasons") or []:
     st.markdown(f"- {literal(reason)}")
 figure = audit_figure(evidence)
@@ -155,8 +182,10 @@ if rows:
     st.markdown("**Worst positions**" + (" (output position: the t-th emitted token of every generation)" if evidence.get("layer") == "engine" else ""))
     st.dataframe(rows, hide_index=True)
     if evidence.get("layer") == "recorded":
-        positions = sorted({row["position"] for row in rows if row["position"] >= 0})[:5]
-        st.markdown(" · ".join(run_link(f"position {position}", evidence["run_id"], position) for position in positions))  # literal-ok: run_link pieces
+        # The positions the table lists, in its order (flags first, then the largest |Δp|), each linked to itself.
+        positions = list(dict.fromkeys(int(row["position"]) for row in rows if row["position"] >= 0))
+        if positions:
+            st.markdown("Inspect: " + " · ".join(run_link(f"position {position}", evidence["run_id"], position) for position in positions))  # literal-ok: run_link pieces
 elif evidence.get("layer") == "engine":
     st.caption("No output position had the 100 tokens needed for a test of its own; only the pooled test ran.")
 settings = evidence.get("settings")

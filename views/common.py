@@ -8,8 +8,10 @@ from urllib.parse import quote, urlencode
 
 import streamlit as st
 
-from diagnostics.inspection import models_to_load
-from diagnostics.models import LoadedModel, ModelError, load_model
+from diagnostics.inspection import RunLaws, draft_model, models_to_load, target_spec
+from diagnostics.cost import draft_cost_ratio
+from diagnostics.metrics import modelled_speedup, verified_acceptance
+from diagnostics.models import LoadedModel, ModelError, layer_count, load_model, parse_draft
 from diagnostics.store import Store, StoreError, default_db_path
 from diagnostics.untrusted import markdown_literal, visible
 
@@ -30,18 +32,51 @@ def default_target() -> str:
     return os.environ.get("SPECLAB_TARGET", "default")
 
 
-@st.cache_resource(show_spinner="Loading the model…")
-def cached_model(spec: str) -> LoadedModel:
-    return load_model(spec)
+@st.cache_resource(show_spinner="Loading the model (about 10 s for the embedded one, once per server)…")
+def cached_model(spec: str, _local_only: bool = False) -> LoadedModel:
+    """One loaded copy of each model per server, whichever page asked first (``_local_only`` is not
+    part of the key: the Run page's network-allowed load and Inspect's local one share the copy)."""
+    return load_model(spec, local_only=_local_only)
 
 
-@st.cache_resource(show_spinner="Loading the run's model to recompute p and q exactly…")
 def try_model(spec: str) -> LoadedModel | None:
     """The model if it is available without the network (embedded, local folder, HF cache), else ``None``."""
     try:
-        return load_model(spec, local_only=True)
+        return cached_model(spec, _local_only=True)
     except ModelError:
         return None
+
+
+def run_drafter(run: dict, target: LoadedModel) -> LoadedModel | None:
+    """The run's draft model, from the server's cache (``None`` for n-gram drafts)."""
+    draft = parse_draft(run["draft"])
+    if draft.kind == "model":
+        loaded = try_model(draft.value)
+        if loaded is None:
+            raise ModelError(f"the draft model {draft.value} is not available on this machine")
+        return loaded
+    return draft_model(run, target)
+
+
+@st.cache_resource(max_entries=6, show_spinner="Computing p and q at every position: one forward pass per model…")
+def cached_run_laws(db_path: str, run_id: str, positions: int, status: str, target_name: str,
+                    _run: dict, _tokens: list[int], _target: LoadedModel) -> RunLaws:
+    """A run's exact laws, computed once per server and kept for its later clicks; a run that
+    gained positions (still running) or changed status gets a new entry."""
+    return RunLaws(_run, _tokens, _target, run_drafter(_run, _target))
+
+
+def run_laws(store, run: dict, tokens: list[int]) -> tuple[RunLaws | None, str | None]:
+    """The exact laws of ``run``, or ``None`` and why (plain, untrusted text: show it with ``literal``)."""
+    target = try_model(target_spec(run))
+    if target is None:
+        return None, f"the target {target_spec(run)} is not available on this machine"  # plain text: shown through literal()
+    try:
+        laws = cached_run_laws(str(store.path), str(run["run_id"]), len(tokens), str(run["status"]), target.name,
+                               run, tokens, target)
+    except (ModelError, OSError, ValueError) as error:
+        return None, str(error).splitlines()[0] if str(error) else error.__class__.__name__
+    return laws, None
 
 
 def decoder(model: LoadedModel | None):
@@ -79,10 +114,11 @@ def md(template: str, /, **untrusted: object) -> str:
 
 
 def run_link(label: str, run_id: object, position: int | None = None) -> str:
-    """A Markdown link to Inspect a run (``/?run=ID&pos=N``): the label shown literally, the id
-    percent-encoded, so a hostile id can neither leave the app nor break out of the link."""
+    """A Markdown link to Inspect a run (``/inspect?run=ID&pos=N``): the label shown literally, the id
+    percent-encoded, so a hostile id can neither leave the app nor break out of the link. (Old links,
+    ``/?run=ID&pos=N``, still open Inspect: app.py sends them on.)"""
     query = {"run": str(run_id)} | ({"pos": str(int(position))} if position is not None else {})
-    return f"[{literal(label)}](/?{urlencode(query, quote_via=quote)})"
+    return f"[{literal(label)}](/inspect?{urlencode(query, quote_via=quote)})"
 
 
 def file_name_part(text: object) -> str:
@@ -117,9 +153,74 @@ def model_consent(run: dict, key: str) -> bool:
 
 
 METRIC_HELP = {
+    "acceptance α": "Accepted drafts / verified drafts (a draft discarded after a rejection was never verified): "
+                    "the per-draft acceptance α of the i.i.d. model. Hardware-independent.",
+    "modelled speed-up": "(1 − α^(γ+1)) / ((1 − α)(γ·c + 1)): expected tokens per block over the block's cost in target "
+                         "forwards, with the draft/target cost ratio c. Plain decoding = 1.0.",
     "acceptance rate": "Accepted drafts / drafted tokens (every proposed draft, including those discarded after a rejection).",
     "block efficiency": "Emitted tokens per target forward pass, the fallback or bonus token included. Plain decoding = 1.0.",
     "tokens/s": "Emitted tokens per second of wall time for the whole generation (prefill included).",
     "mean TV(P, p)": "Mean over positions of the total variation between the law the token was drawn from and the target p. 0 for lossless.",
     "mean TV(P, baseline)": "The same against the matched baseline: the target sampled losslessly under the rule's truncation.",
 }
+
+
+@st.cache_resource(max_entries=16, show_spinner="Measuring the draft/target cost ratio on this machine…")
+def measured_cost_ratio(target_name: str, draft_spec: str, _target: LoadedModel, _drafter: LoadedModel | None,
+                        _context: tuple[int, ...]) -> float:
+    """``c`` for a (target, drafter) pair, measured once per server."""
+    return draft_cost_ratio(_target, _drafter, list(_context))
+
+
+def _default_cost_ratio(run: dict, target: LoadedModel | None) -> tuple[float, str]:
+    """The cost ratio to start from, and where it comes from."""
+    try:
+        draft = parse_draft(run["draft"])
+    except ModelError:
+        return 1.0, "unknown drafter"
+    if draft.kind == "ngram":
+        return 0.0, "an n-gram lookup costs no forward"
+    if target is not None:
+        try:
+            drafter = run_drafter(run, target)
+            ids = tuple(int(token) for token in (run.get("prompt_ids") or [])[:128])
+            return measured_cost_ratio(target.name, str(run["draft"]), target, drafter, ids), "measured on this machine"
+        except (ModelError, OSError, ValueError, RuntimeError):
+            pass
+    if draft.kind == "early-exit":
+        layers = layer_count(target_spec(run))
+        if layers:
+            return int(draft.value) / layers, "layer count L/N (models not loaded)"
+    return 0.5, "a guess (models not loaded)"
+
+
+def headline_metrics(run: dict, positions, target: LoadedModel | None, key: str) -> None:
+    """The hardware-independent figures first (acceptance α̂, block efficiency), the modelled
+    speed-up ``(1 − α̂^{γ+1}) / ((1 − α̂)(γc + 1))`` with an editable cost ratio ``c``, the
+    distortion; wall-clock tokens/s as a detail (it measures this machine, not the method)."""
+    kinds = positions["kind"].value_counts() if len(positions) else {}
+    accepted, rejected = int(kinds.get("accepted", 0)), int(kinds.get("rejected", 0))
+    alpha = verified_acceptance(accepted, rejected)
+    gamma = int(run.get("gamma") or 0)
+    columns = st.columns(6)
+    if gamma:
+        start, source = _default_cost_ratio(run, target)
+        cost = columns[5].number_input("draft/target cost c", 0.0, 10.0, round(float(start), 3), 0.01, format="%.3f",  # literal-ok: source is one of the constant strings of _default_cost_ratio
+                                       key=f"{key}_cost_{run['run_id']}",
+                                       help=f"Time of one draft step over one target step; default: {source}. "
+                                            "Type your hardware's ratio to model its speed-up.")
+        speedup = modelled_speedup(alpha, gamma, cost)
+    else:
+        columns[5].metric("draft/target cost c", "–", help="Plain decoding: no draft.")
+        speedup = 1.0
+    figures = [
+        ("acceptance α", alpha), ("block efficiency", run.get("block_efficiency")), ("modelled speed-up", speedup),
+        ("mean TV(P, p)", run.get("mean_tv_target")), ("mean TV(P, baseline)", run.get("mean_tv_baseline")),
+    ]
+    for column, (name, value) in zip(columns, figures):
+        shown = "–" if value is None or value != value else f"{value:.3f}" + ("×" if name == "modelled speed-up" else "")
+        column.metric(name, shown, help=METRIC_HELP[name])  # literal-ok: names from the list above
+    rate, speed = run.get("acceptance_rate"), run.get("tokens_per_s")
+    st.caption(f"Details: {accepted} accepted and {rejected} rejected of {int(run.get('drafted') or 0)} drafted tokens "  # literal-ok: counts and formatted numbers
+               f"(acceptance rate over every drafted token, discarded ones included: {'–' if rate is None or rate != rate else f'{rate:.3f}'}); "
+               f"wall clock on the machine that ran it: {'–' if speed is None or speed != speed else f'{speed:.1f}'} tokens/s.")

@@ -3,6 +3,7 @@ seeds: live progress with Stop, a summary across seeds, and the first divergence
 
 from __future__ import annotations
 
+import threading
 import uuid
 
 import pandas as pd
@@ -60,8 +61,11 @@ if start and planned:
         show_error(error)
         st.stop()
     group_id = uuid.uuid4().hex[:12]
-    # Kept before the first token: if Stop (any click) interrupts the script, the next run shows this group.
-    st.session_state["cmp_launching"] = group_id
+    # Kept before the first token: if Stop (any click) interrupts the script, the next run shows
+    # this group. With fast reruns that next run starts in a new thread while this one is still
+    # storing the interrupted member: it waits on ``finished``.
+    finished = threading.Event()
+    st.session_state["cmp_launching"] = (group_id, finished)
     st.subheader(f"Running {len(planned)} coupled runs")
     st.button("Stop", key="cmp_stop", help="Stops the group: finished members are kept, the running one is kept as interrupted.")
     slots = []
@@ -81,16 +85,23 @@ if start and planned:
         return show
 
     try:
-        group_id, results = run_group(store, target, draft, planned, group_id=group_id, on_record_for=on_record_for)
+        try:
+            group_id, results = run_group(store, target, draft, planned, group_id=group_id, on_record_for=on_record_for)
+        finally:
+            finished.set()
     except (RuleError, EngineError, ModelError, StoreError, ValueError) as error:
         st.session_state.pop("cmp_launching", None)
         show_error(error)
         st.stop()
     st.session_state.pop("cmp_launching", None)
+    st.session_state["cmp_group"] = group_id
     st.query_params["group"] = group_id
     st.rerun()
 
-launched = st.session_state.pop("cmp_launching", None)
+launched = None
+if "cmp_launching" in st.session_state:
+    launched, finished = st.session_state.pop("cmp_launching")
+    finished.wait(timeout=30)  # the stopped run's thread is still writing its last member
 runs = store.list_runs()
 groups = runs.dropna(subset=["group_id"]) if not runs.empty else runs
 if groups.empty:
@@ -98,6 +109,8 @@ if groups.empty:
     st.stop()
 order = list(dict.fromkeys(groups["group_id"].tolist()))
 requested = launched if launched in order else st.query_params.get("group")
+if requested in order and (launched or st.session_state.get("cmp_group") not in order):
+    st.session_state["cmp_group"] = requested  # a keyed select box ignores index= once it has a value
 labels = {gid: plain(f"{gid} · " + ", ".join(dict.fromkeys(groups.loc[groups.group_id == gid, "rule"].tolist()[::-1])), limit=200) for gid in order}
 group_id = st.selectbox("Group", order, index=order.index(requested) if requested in order else 0, format_func=labels.get, key="cmp_group")
 st.query_params["group"] = group_id
@@ -147,7 +160,7 @@ for member in at_seed.itertuples():
     divergence = None if pd.isna(member.divergence_position) else int(member.divergence_position)
     rows.append({"rule": member.rule, "run": member.run_id, "status": member.status,
                  "first divergence": "reference" if member.run_id == reference_id else ("never" if divergence is None else str(divergence)),
-                 "tokens": str(int(member.n_tokens or 0)), **{name: "–" if pd.isna(value) else f"{value:.4f}"
+                 "tokens": "–" if pd.isna(member.n_tokens) else str(int(member.n_tokens)), **{name: "–" if pd.isna(value) else f"{value:.4f}"
                                                             for name, value in figures[member.run_id].items()}})
 st.dataframe(pd.DataFrame(rows), hide_index=True, key="cmp_table", width="stretch")
 

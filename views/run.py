@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import streamlit as st
 
 from diagnostics.charts import token_strip_html
@@ -9,9 +11,50 @@ from diagnostics.engine import EngineError
 from diagnostics.models import ModelError, load_draft
 from diagnostics.rules import RULES, RuleError, get_rule
 from diagnostics.runner import record_run
-from diagnostics.store import StoreError
-from views.common import METRIC_HELP, cached_model, md, open_store, run_link, show_error
+from diagnostics.store import Store, StoreError
+from views.common import cached_model, headline_metrics, md, open_store, run_link, show_error
 from views.run_form import RULE_HELP, request_widgets
+
+STOP_WAIT_S = 10
+
+
+def remember_runs(store: Store) -> Store:
+    """``store``, noting the id of each run it starts in the session before a token is generated:
+    pressing Stop (any control) ends this script run mid-generation, and the next one shows the
+    run's stored status from the database."""
+    start_run = store.start_run
+
+    def start_and_remember(fields: dict) -> str:
+        run_id = start_run(fields)
+        st.session_state["last_run"] = run_id
+        return run_id
+
+    store.start_run = start_and_remember
+    return store
+
+
+def show_stored_run(run_id: str) -> None:
+    """The last run of this session as stored: status, tokens, its error if it failed, an Inspect link."""
+    store = open_store()
+    run = store.get_run(run_id) if store is not None else None
+    if run is not None and run["status"] == "running":
+        # Stop reran the page on a new thread while the old one is still unwinding: it stores the
+        # run as interrupted at its next step, well within a second (a stale run stays "running").
+        with st.spinner("Stopping the run…"):
+            deadline = time.monotonic() + STOP_WAIT_S
+            while run is not None and run["status"] == "running" and time.monotonic() < deadline:
+                time.sleep(0.1)
+                run = store.get_run(run_id)
+    if run is None:  # deleted since, or a shared file is open
+        st.markdown("Last run: " + run_link(f"inspect {run_id}", run_id))
+        return
+    status, count, budget = run["status"], int(run["n_tokens"] or 0), int(run["max_new_tokens"] or 0)
+    box = st.success if status == "complete" else st.warning if status in ("interrupted", "running") else st.error
+    box(md("Last run {run}: {status} · ", run=run_id, status=status) + (f"{count:d} / {budget:d} tokens" if budget else f"{count:d} tokens"))
+    if status == "failed" and run.get("error"):
+        show_error(run["error"])
+    st.markdown(run_link(f"Inspect run {run_id}", run_id))
+
 
 st.title("Run")
 st.caption("Generate with speculative decoding under a verification rule; every position is recorded. "
@@ -19,12 +62,20 @@ st.caption("Generate with speculative decoding under a verification rule; every 
 rule_spec = st.text_input("Rule", "lenience:0.5", key="run_rule", help=RULE_HELP)
 try:
     get_rule(rule_spec)
+    rule_ok = True
 except RuleError as error:
-    show_error(error)
+    show_error(error)  # the one message: Run stays disabled until the rule parses
+    rule_ok = False
 target_spec, request = request_widgets("run", rule_spec)
-start = st.button("Run", type="primary", key="run_start", disabled=request is None)
+start = st.button("Run", type="primary", key="run_start", disabled=request is None or not rule_ok,
+                  help=None if rule_ok else "Fix the rule first.")
 
-if start and request is not None:
+if start and request is not None and rule_ok:
+    try:
+        request.validate()  # an empty prompt or a bad drafter: one message, before any model or row
+    except (RuleError, EngineError, ModelError, ValueError) as error:
+        show_error(error)
+        st.stop()
     store = open_store()
     if store is None:
         st.stop()
@@ -35,7 +86,8 @@ if start and request is not None:
         show_error(error)
         st.stop()
     progress = st.progress(0.0, text="starting…")
-    st.button("Stop", key="run_stop", help="Stops after the current block; what was recorded is kept, marked interrupted.")
+    stop_slot = st.empty()
+    stop_slot.button("Stop", key="run_stop", help="Stops after the current block; what was recorded is kept, marked interrupted.")
     strip = st.empty()
     records: list[dict] = []
 
@@ -45,21 +97,20 @@ if start and request is not None:
         strip.html(token_strip_html(records))
 
     try:
-        run_id, run = record_run(store, target, draft, request, on_record=show)
+        run_id, run = record_run(remember_runs(store), target, draft, request, on_record=show)
     except (RuleError, EngineError, ModelError, StoreError, ValueError) as error:
+        progress.empty()
+        stop_slot.empty()
         show_error(error)
         st.stop()
+    stop_slot.empty()  # the run is over: nothing left to stop
     progress.progress(1.0, text=md("{status}: ", status=run.status) + f"{len(run.tokens)} tokens")
     st.session_state["last_run"] = run_id
-    summary = run.summary()
-    cols = st.columns(4)
-    for col, (name, key) in zip(cols, [("acceptance rate", "acceptance_rate"), ("block efficiency", "block_efficiency"),
-                                       ("tokens/s", "tokens_per_s"), ("mean TV(P, p)", "mean_tv_target")]):
-        value = summary[key]
-        col.metric(name, "–" if value is None else f"{value:.3f}", help=METRIC_HELP[name])  # literal-ok: names from the list above
+    # The same headline figures as Inspect: acceptance, block efficiency, modelled speed-up, distortion.
+    headline_metrics(store.get_run(run_id), store.positions(run_id), target, key="run")
     st.markdown(run_link(f"Inspect run {run_id}", run_id))
 elif st.session_state.get("last_run"):
-    st.markdown("Last run: " + run_link(f"inspect {st.session_state['last_run']}", st.session_state["last_run"]))
+    show_stored_run(st.session_state["last_run"])
 
 with st.expander("Rules"):
     st.markdown("\n".join(f"- **{name}**: {cls.summary}" for name, cls in RULES.items()))  # literal-ok: the rule library's own text

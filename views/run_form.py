@@ -57,7 +57,7 @@ def request_widgets(prefix: str, rule: str) -> tuple[str, RunRequest | None]:
         draft = draft_widget(prefix, layer_count(target.strip() or "default"))
     cols = st.columns(3)
     gamma = cols[0].number_input("γ (drafts per block)", 1, 16, 4, key=f"{prefix}_gamma")
-    budget = cols[1].number_input("max new tokens", 1, 2048, 48, key=f"{prefix}_max_tokens")
+    budget = cols[1].number_input("max new tokens", 1, 2048, RunRequest.max_new_tokens, key=f"{prefix}_max_tokens")
     seed = cols[2].number_input("seed", 0, 2**31 - 1, 0, key=f"{prefix}_seed")
     policy = policy_widgets(prefix)
     raw = st.checkbox("Raw prompt (no chat template)", key=f"{prefix}_raw")

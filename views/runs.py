@@ -9,8 +9,39 @@ from pathlib import Path
 import streamlit as st
 
 from diagnostics.report import build_report
-from diagnostics.store import StoreError, default_db_path, export_runs, import_runs
-from views.common import file_name_part, md, open_store, run_link, show_error
+from diagnostics.store import StoreError, complete_groups, default_db_path, export_runs, import_runs
+from views.common import file_name_part, literal, md, open_store, run_link, show_error
+
+
+def downloads(store, chosen: list[str]) -> None:
+    """The report and the export are built only when their button is pressed (the report of a long
+    run on the embedded model takes tens of seconds); the built bytes are kept in the session for
+    this database and selection, so other controls do not rebuild them."""
+    selection = (str(store.path), tuple(chosen))
+    built = st.session_state.get("runs_built")
+    if built is None or built["selection"] != selection:
+        built = st.session_state["runs_built"] = {"selection": selection}
+    for note in complete_groups(store, chosen).notes("exported and reported"):
+        st.caption(literal(note[0].upper() + note[1:] + "."))  # ids come from the file
+    report_column, export_column = st.columns(2)
+    with report_column:
+        if st.button("Build report (HTML)", key="build_report", help="A self-contained HTML report of the selected runs."):
+            with st.spinner("Building the report…"):
+                built["report"] = build_report(store, chosen)
+        if "report" in built:
+            st.download_button("Download report (HTML)", built["report"], file_name=f"report-{file_name_part(chosen[0])}.html",
+                               mime="text/html", key="download_report", on_click="ignore")
+    with export_column:
+        fmt = st.radio("Export format", ["duckdb", "parquet"], horizontal=True, key="export_format")
+        if st.button(f"Build export ({fmt})", key="build_export"):  # literal-ok: fmt is one of two constants
+            try:
+                with st.spinner("Exporting…"), tempfile.TemporaryDirectory() as folder:
+                    built[fmt] = export_runs(store, chosen, Path(folder) / f"runs.{fmt}", fmt).read_bytes()
+            except (StoreError, OSError) as error:
+                show_error(error)
+        if fmt in built:
+            st.download_button(f"Export selected runs ({fmt})",  # literal-ok: fmt is one of two constants
+                               built[fmt], file_name=f"runs-{file_name_part(chosen[0])}.{fmt}", key="download_export", on_click="ignore")
 
 
 st.title("Runs")
@@ -42,13 +73,7 @@ else:
     if len(chosen) == 1:
         st.markdown(run_link(f"Open {chosen[0]} in Inspect", chosen[0]))
     if chosen:
-        report = build_report(store, chosen)
-        st.download_button("Download report (HTML)", report, file_name=f"report-{file_name_part(chosen[0])}.html", mime="text/html", key="download_report")
-        fmt = st.radio("Export format", ["duckdb", "parquet"], horizontal=True, key="export_format")
-        with tempfile.TemporaryDirectory() as folder:
-            exported = export_runs(store, chosen, Path(folder) / f"runs.{fmt}", fmt)
-            st.download_button(f"Export selected runs ({fmt})",  # literal-ok: fmt is one of two constants
-                                exported.read_bytes(), file_name=f"runs-{file_name_part(chosen[0])}.{fmt}", key="download_export")
+        downloads(store, chosen)
         if not store.read_only:
             confirm = st.checkbox(f"Yes, delete {len(chosen)} run(s) and their positions", key="confirm_delete")
             if st.button("Delete selected", disabled=not confirm, key="delete_runs"):

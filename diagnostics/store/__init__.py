@@ -22,9 +22,10 @@ from diagnostics.store.schema import (
     SCHEMA_VERSION,
     STATUSES,
 )
-from diagnostics.store.sharing import export_runs, import_runs
+from diagnostics.store.sharing import GroupCompletion, complete_groups, export_runs, import_runs
 
 __all__ = [
     "AUDIT_COLUMNS", "DEFAULT_DB", "KINDS", "LOCK_WAIT_S", "POSITION_COLUMNS", "RUN_COLUMNS", "SCHEMA_VERSION",
-    "STATUSES", "RunWriter", "Store", "StoreBusy", "StoreError", "StoreFull", "default_db_path", "export_runs", "import_runs",
+    "STATUSES", "GroupCompletion", "RunWriter", "Store", "StoreBusy", "StoreError", "StoreFull", "complete_groups",
+    "default_db_path", "export_runs", "import_runs",
 ]

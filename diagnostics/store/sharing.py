@@ -1,5 +1,9 @@
 """Sharing runs: export the selected runs as one file, and open a colleague's file read-only.
 
+A compared group travels whole: its members' divergences are measured from its first run (the
+reference), so a file with only some members would point at a run it does not hold
+(``complete_groups``).
+
 A shared file is untrusted: ``import_runs`` opens a DuckDB file read-only (so it is checked,
 schema and values, before any page reads it, and never written), and rebuilds a Parquet export
 into a fresh DuckDB file only after checking its columns and types.
@@ -7,6 +11,7 @@ into a fresh DuckDB file only after checking its columns and types.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
@@ -15,15 +20,63 @@ from diagnostics.store.core import Store, StoreError
 from diagnostics.store.schema import POSITION_COLUMNS, RUN_COLUMNS, sql_type
 
 
+@dataclass(frozen=True)
+class GroupCompletion:
+    """A selection of runs made whole: ``run_ids`` is the selection with every member of each
+    group it touches (a group's members together, reference first, in creation order); ``added``
+    maps a group id to the runs that were not selected."""
+
+    run_ids: list[str]
+    added: dict[str, list[str]] = field(default_factory=dict)
+
+    def notes(self, verb: str = "exported") -> list[str]:
+        """One sentence per completed group, e.g. ``added 2 runs of group G so the group is exported whole``."""
+        return [f"added {len(ids)} run{'s' if len(ids) != 1 else ''} of group {group_id} ({', '.join(ids)}) "
+                f"so the group is {verb} whole" for group_id, ids in self.added.items()]
+
+
+def complete_groups(store: Store, run_ids: list[str]) -> GroupCompletion:
+    """``run_ids`` with every member of any compared group one of them belongs to (ids not in the
+    store are kept as given, for the caller to refuse). Order: the selection's order, with each
+    group placed at its first selected member, reference first."""
+    selected = list(dict.fromkeys(run_ids))
+    members: dict[str, list[str]] = {}
+    group_of: dict[str, str] = {}
+    if selected:
+        marks = ", ".join("?" for _ in selected)
+        with store.connect(read_only=True) as con:
+            rows = con.execute(
+                f"SELECT run_id, group_id FROM runs WHERE group_id IN "
+                f"(SELECT group_id FROM runs WHERE run_id IN ({marks}) AND group_id IS NOT NULL) "
+                "ORDER BY group_id, created, run_id", selected).fetchall()
+        for run_id, group_id in rows:
+            members.setdefault(group_id, []).append(run_id)
+            group_of.setdefault(run_id, group_id)
+    ordered: list[str] = []
+    added: dict[str, list[str]] = {}  # groups in the order the selection reaches them
+    chosen = set(selected)
+    for run_id in selected:
+        group_id = group_of.get(run_id)
+        if group_id is not None and group_id not in added:
+            added[group_id] = [member for member in members[group_id] if member not in chosen]
+        for member in members[group_id] if group_id is not None else [run_id]:
+            if member not in ordered:
+                ordered.append(member)
+    return GroupCompletion(ordered, {group_id: ids for group_id, ids in added.items() if ids})
+
+
 def export_runs(store: Store, run_ids: list[str], path: str | Path, fmt: str = "duckdb") -> Path:
     """Write the selected runs (their positions, and in ``duckdb`` their audits) to one file another user can open read-only.
 
+    Every member of a compared group one of ``run_ids`` belongs to is written too, so that the
+    file holds each group's reference (``complete_groups`` says which runs that adds).
     ``duckdb``: a database with this schema. ``parquet``: one table, each position row carrying
     its run's columns prefixed ``run.``; ``import_runs`` turns it back into a database.
     """
     path = Path(path)
     if not run_ids:
         raise StoreError("select at least one run to export")
+    run_ids = complete_groups(store, run_ids).run_ids
     if fmt not in ("duckdb", "parquet"):
         raise StoreError(f"unknown export format {fmt!r}; use duckdb or parquet")
     if path.exists():

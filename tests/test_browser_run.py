@@ -1,0 +1,132 @@
+"""Pages at their own paths, the Run page's Stop, and old run links, in a real browser on the tiny model."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+from browser_support import ARTIFACTS, CHROMIUM_ARGS, chromium_path, streamlit_server
+from tiny_models import save_tiny_model
+
+from diagnostics.models import load_model
+from diagnostics.runner import RunRequest, record_run
+from diagnostics.store import Store
+
+playwright_api = pytest.importorskip("playwright.sync_api")
+# On the tiny model (seed 0, n-gram drafts, γ 4, lenience:0.5, as the form defaults) no EOS comes
+# within 240 tokens: a run long enough (seconds) to be stopped from the page.
+BUDGET = 240
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory) -> Iterator[dict]:
+    chromium_path()
+    folder = tmp_path_factory.mktemp("runpage")
+    tiny = save_tiny_model(folder / "tiny", seed=0)
+    db = folder / "runs.duckdb"
+    store = Store(db)
+    run_id, _ = record_run(store, load_model(tiny), "ngram:2",
+                           RunRequest(prompt="w1 w2 w3 w1 w2", draft="ngram:2", gamma=3, max_new_tokens=12, seed=2, raw=True))
+    with streamlit_server({"SPECLAB_DB": str(db), "SPECLAB_TARGET": tiny}) as url:
+        yield {"url": url, "db": db, "run": run_id}
+
+
+@pytest.fixture
+def page(setup) -> Iterator[object]:
+    with playwright_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+        tab = browser.new_page(viewport={"width": 1400, "height": 1400})
+        yield tab
+        browser.close()
+
+
+def _path_and_query(page) -> tuple[str, dict]:
+    parts = urlsplit(page.url)
+    return parts.path, {key: values[-1] for key, values in parse_qs(parts.query).items()}
+
+
+def _shot(page, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+def test_every_page_opens_at_its_own_path_with_material_icons(setup, page) -> None:
+    for path, heading in (("/run", "Run"), ("/inspect", "Inspect a run"), ("/compare", "Compare"),
+                          ("/playground", "Playground"), ("/audit", "Audit"), ("/runs", "Runs")):
+        page.goto(setup["url"] + path)
+        page.get_by_role("heading", name=heading, exact=True).first.wait_for(timeout=60_000)
+        page.get_by_text("spec-verify-lab").first.wait_for(timeout=30_000)
+        assert page.get_by_text("Page not found").count() == 0, path
+        assert _path_and_query(page)[0] == path
+    navigation = page.locator('[data-testid="stSidebarNav"]')
+    assert navigation.locator("a").count() == 6, navigation.inner_text()
+    # Each entry's icon is a Material symbol (a ligature in the bundled icon font), not an emoji
+    # that draws as an empty box without an emoji font.
+    icons = navigation.locator('[data-testid="stIconMaterial"]')
+    assert icons.count() == 6 and icons.all_inner_texts() == ["play_arrow", "search", "compare_arrows", "science",
+                                                              "verified_user", "table_rows"]
+    page.goto(setup["url"] + "/")
+    page.get_by_role("textbox", name="Prompt", exact=True).wait_for(timeout=60_000)
+    page.wait_for_url(re.compile(r"/run$"), timeout=30_000)
+
+
+def test_stop_keeps_the_run_and_shows_its_status(setup, page) -> None:
+    """Start a run on the page and press Stop while it runs: the page then shows the stored run as
+    interrupted, with its token count and an Inspect link. (If the run ends first, no Stop is left.)"""
+    page.goto(setup["url"] + "/run")
+    page.get_by_role("textbox", name="Prompt", exact=True).fill("w1 w2 w3 w1 w2")
+    page.get_by_text("Raw prompt (no chat template)").click()
+    page.get_by_label("Draft", exact=True).click()
+    page.get_by_role("option", name="ngram").click()
+    budget = page.get_by_label("max new tokens")
+    budget.fill(str(BUDGET))
+    budget.press("Enter")
+    page.wait_for_timeout(500)
+    page.get_by_role("button", name="Run", exact=True).click()
+    stop = page.get_by_role("button", name="Stop", exact=True)
+    stop.wait_for(timeout=60_000)
+    page.locator(".tok").first.wait_for(timeout=60_000)
+    try:
+        stop.click(timeout=5_000)
+        stopped = True
+    except playwright_api.TimeoutError:  # the run ended (and its Stop went) between the two steps
+        stopped = False
+    if stopped:
+        page.get_by_text("Last run").wait_for(timeout=60_000)
+        banner = page.get_by_text("Last run").inner_text()
+        assert "interrupted" in banner, banner
+        kept = int(re.search(rf"(\d+) / {BUDGET} tokens", banner).group(1))
+        assert kept < BUDGET
+        link = page.get_by_role("link", name="Inspect run")
+    else:
+        link = page.get_by_role("link", name="Inspect run")
+        link.wait_for(timeout=60_000)
+    _shot(page, "run_stopped" if stopped else "run_completed")
+    assert stop.count() == 0  # nothing left to stop
+    href = link.get_attribute("href")
+    assert href.startswith("/inspect?run="), href
+    run_id = parse_qs(urlsplit(href).query)["run"][0]
+    stored = Store(setup["db"], read_only=True).get_run(run_id)
+    assert stored["status"] == ("interrupted" if stopped else "complete")
+    if stopped:
+        assert stored["n_tokens"] == kept
+    page.goto(setup["url"] + href)
+    page.get_by_role("heading", name="Inspect a run").wait_for(timeout=60_000)
+    page.get_by_text("Position 0:").first.wait_for(timeout=60_000)
+
+
+def test_an_old_run_link_opens_inspect_and_run_drops_the_run(setup, page) -> None:
+    """/?run=ID&pos=N (reports and files already shared) opens Inspect on that run and position at
+    /inspect?run=ID&pos=N; Run in the sidebar then leaves ?run= behind, so a reload stays on Run."""
+    page.goto(f"{setup['url']}/?run={setup['run']}&pos=3")
+    page.get_by_role("heading", name="Inspect a run").wait_for(timeout=60_000)
+    page.get_by_text("Position 3:").first.wait_for(timeout=60_000)
+    assert _path_and_query(page) == ("/inspect", {"run": setup["run"], "pos": "3"})
+    page.locator('[data-testid="stSidebarNav"]').get_by_text("Run", exact=True).click()
+    page.get_by_role("textbox", name="Prompt", exact=True).wait_for(timeout=60_000)
+    assert _path_and_query(page) == ("/run", {})
+    page.reload()
+    page.get_by_role("textbox", name="Prompt", exact=True).wait_for(timeout=60_000)
+    assert page.get_by_role("heading", name="Inspect a run").count() == 0
