@@ -32,11 +32,12 @@ PROMPT = ("Write a long, detailed essay about the history of sailing ships, from
           "ships of the nineteenth century, with many examples.")
 
 
-def _record(store, target, tokens: int, seed: int) -> str:
+def _record(store, target, tokens: int, seed: int, raw: bool = False) -> str:
     from diagnostics.models import load_draft
     from diagnostics.runner import RunRequest, record_run
 
-    request = RunRequest(prompt=PROMPT, rule="lenience:0.5", draft="early-exit:26", gamma=4, max_new_tokens=tokens, seed=seed)
+    request = RunRequest(prompt=PROMPT, rule="lenience:0.5", draft="early-exit:26", gamma=4, max_new_tokens=tokens, seed=seed,
+                         raw=raw)
     start = time.perf_counter()
     run_id, run = record_run(store, target, load_draft(request.draft, target), request)
     print(f"recorded {run_id}: {len(run.tokens)} tokens in {time.perf_counter() - start:.1f} s ({run.stop_reason})", flush=True)
@@ -44,11 +45,11 @@ def _record(store, target, tokens: int, seed: int) -> str:
 
 
 def _long_run(store, target, tokens: int) -> str:
-    """A run of about ``tokens`` positions: seeds until one does not stop at EOS early (the embedded
-    instruct model often ends an essay before 2,000 tokens)."""
+    """A run of about ``tokens`` positions: a raw prompt (no chat template, so the instruct model
+    rarely closes its turn), seeds until one does not stop at EOS early."""
     best = None
     for seed in range(4):
-        run_id = _record(store, target, tokens, seed)
+        run_id = _record(store, target, tokens, seed, raw=True)
         count = int(store.get_run(run_id)["n_tokens"])
         if best is None or count > best[1]:
             best = (run_id, count)

@@ -78,3 +78,24 @@ def streamlit_server(env: dict[str, str] | None = None) -> Iterator[str]:
             process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             process.kill()
+
+
+@contextmanager
+def chromium() -> Iterator[object]:
+    """Debian's chromium under Playwright, closed afterwards (the browser fixtures of every module)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+def shot(page, name: str, pause_ms: int = 800, full_page: bool = False) -> None:
+    """A screenshot into tests/artifacts/ (kept by CI for a look after a failure)."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    if pause_ms:
+        page.wait_for_timeout(pause_ms)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=full_page)

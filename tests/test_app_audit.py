@@ -59,16 +59,21 @@ def test_engine_level_audit_of_our_engine_passes(database) -> None:
     assert len(at.get("plotly_chart")) == 1  # the PIT histogram
 
 
-def test_recorded_run_audit_links_to_inspect(database, tiny_folder) -> None:
-    store = Store(database)
-    run_id, _ = record_run(store, load_model(tiny_folder), "ngram:2",
-                           RunRequest(prompt="w1 w2 w3 w1 w2", draft="ngram:2", gamma=3, max_new_tokens=16, seed=2, raw=True))
+def _recorded_audit(database, tiny_folder, **settings) -> tuple[str, object]:
+    """Record a run on the tiny model, then audit it from the Audit page (the newest run is preselected)."""
+    request = {"prompt": "w1 w2 w3 w1 w2", "draft": "ngram:2", "gamma": 3, "max_new_tokens": 16, "seed": 2, "raw": True} | settings
+    run_id, _ = record_run(Store(database), load_model(tiny_folder), "ngram:2", RunRequest(**request))
     at = _audit_page()
     at.radio(key="audit_layer").set_value("Recorded run")
     at.run()
     at.button(key="audit_run_go").click()
     at.run(timeout=180)
     assert not at.exception, [e.value for e in at.exception]
+    return run_id, at
+
+
+def test_recorded_run_audit_links_to_inspect(database, tiny_folder) -> None:
+    run_id, at = _recorded_audit(database, tiny_folder)
     assert at.success and f"run {run_id}" in at.success[0].value and "p recomputed" in at.success[0].value
     assert any(f"/inspect?run={run_id}&pos=" in markdown.value for markdown in at.markdown)
     assert Store(database, read_only=True).list_audits(run_ids=[run_id])["verdict"].tolist() == ["pass"]
@@ -77,16 +82,7 @@ def test_recorded_run_audit_links_to_inspect(database, tiny_folder) -> None:
 def test_recorded_audit_of_a_lossy_run_says_what_it_checked_and_links_each_worst_position(database, tiny_folder) -> None:
     """A lossy run's recorded audit: PASS once, as "consistent with the declared rule", never as
     lossless; one Inspect link per listed position, in the table's (worst-first) order."""
-    store = Store(database)
-    run_id, _ = record_run(store, load_model(tiny_folder), "ngram:2",
-                           RunRequest(prompt="w1 w2 w3 w1 w2", rule="lenience:0.5", draft="ngram:2", gamma=3,
-                                      max_new_tokens=24, seed=5, raw=True))
-    at = _audit_page()
-    at.radio(key="audit_layer").set_value("Recorded run")
-    at.run()
-    at.button(key="audit_run_go").click()
-    at.run(timeout=180)
-    assert not at.exception, [e.value for e in at.exception]
+    run_id, at = _recorded_audit(database, tiny_folder, rule="lenience:0.5", max_new_tokens=24, seed=5)
     banner = at.success[0].value
     assert banner.startswith("**PASS** · the recorded decisions are consistent with the declared rule ` lenience:0.5 ` (a lossy rule")
     assert banner.count("PASS") == 1 and f"run {run_id}" in banner

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from browser_support import ARTIFACTS, CHROMIUM_ARGS, chromium_path, streamlit_server
+from browser_support import ARTIFACTS, chromium, chromium_path, shot, streamlit_server
 from tiny_models import save_tiny_model
 
 from diagnostics.engine import PositionRecord
@@ -66,16 +66,12 @@ def setup(tmp_path_factory) -> Iterator[dict]:
 
 @pytest.fixture(scope="module")
 def browser(setup) -> Iterator[object]:
-    with playwright_api.sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+    with chromium() as launched:
         yield launched
-        launched.close()
 
 
 def _shot(page, name: str) -> None:
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    page.wait_for_timeout(800)
-    page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
+    shot(page, name)
 
 
 def test_a_direct_link_to_a_page_shows_the_app_navigation(setup, browser) -> None:

@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from browser_support import ARTIFACTS, CHROMIUM_ARGS, chromium_path, streamlit_server
+from browser_support import ARTIFACTS, chromium, chromium_path, shot, streamlit_server
 from tiny_models import save_tiny_model
 
 from diagnostics.models import load_model
@@ -40,16 +40,12 @@ def setup(tmp_path_factory) -> Iterator[dict]:
 
 @pytest.fixture(scope="module")
 def browser(setup) -> Iterator[object]:
-    with playwright_api.sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+    with chromium() as launched:
         yield launched
-        launched.close()
 
 
 def _shot(page, name: str) -> None:
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    page.wait_for_timeout(500)
-    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+    shot(page, name, pause_ms=500, full_page=True)
 
 
 def _position_heading(page, position: int) -> float:

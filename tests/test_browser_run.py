@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-from browser_support import ARTIFACTS, CHROMIUM_ARGS, chromium_path, streamlit_server
+from browser_support import chromium, chromium_path, shot, streamlit_server
 from tiny_models import save_tiny_model
 
 from diagnostics.models import load_model
@@ -35,11 +35,8 @@ def setup(tmp_path_factory) -> Iterator[dict]:
 
 @pytest.fixture
 def page(setup) -> Iterator[object]:
-    with playwright_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
-        tab = browser.new_page(viewport={"width": 1400, "height": 1400})
-        yield tab
-        browser.close()
+    with chromium() as browser:
+        yield browser.new_page(viewport={"width": 1400, "height": 1400})
 
 
 def _path_and_query(page) -> tuple[str, dict]:
@@ -48,8 +45,7 @@ def _path_and_query(page) -> tuple[str, dict]:
 
 
 def _shot(page, name: str) -> None:
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+    shot(page, name, pause_ms=0, full_page=True)
 
 
 def test_every_page_opens_at_its_own_path_with_material_icons(setup, page) -> None:

@@ -1,0 +1,109 @@
+"""Retake the README screenshots from real runs of the embedded model in headless chromium.
+
+Run: ``python docs/take_screenshots.py`` (needs Debian's chromium). It records, in a temporary
+database, a coupled group on the embedded SmolLM2-135M (lossless, lenience:0.5, typical:0.1;
+the first seed whose lenience run leaves the lossless one), a recorded-run audit of the lenience
+run, then starts the dashboard on that database, drives every page, prints how long each took
+and writes ``docs/*.png``.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+PROMPT = "Write a short poem about the sea at night."
+
+
+def _record(db: Path) -> dict:
+    from diagnostics.audit import audit_recorded_run
+    from diagnostics.audit.reporting import summary_line
+    from diagnostics.models import load_draft, load_model
+    from diagnostics.runner import RunRequest, compare_rules
+    from diagnostics.store import Store
+
+    store = Store(db)
+    target = load_model("default")
+    draft = load_draft("early-exit:26", target)
+    for seed in range(8):
+        base = {"prompt": PROMPT, "draft": "early-exit:26", "gamma": 4, "max_new_tokens": 64, "seed": seed}
+        group, results, divergence = compare_rules(store, target, draft, [RunRequest(rule=rule, **base)
+                                                                          for rule in ("lossless", "lenience:0.5", "typical:0.1")])
+        lossy = results[1][0]
+        if divergence[lossy] is not None and 3 <= divergence[lossy] < 48:
+            break
+    audit = audit_recorded_run(store, lossy, target=target).as_dict()
+    audit_id = store.add_audit(audit, summary_line(audit))
+    print(f"group {group}: lenience:0.5 leaves lossless at {divergence[lossy]} (seed {seed}); audit {audit_id}", flush=True)
+    return {"group": group, "lossy": lossy, "divergence": divergence[lossy], "audit": audit_id}
+
+
+def main() -> int:
+    from browser_support import CHROMIUM_ARGS, chromium_path, streamlit_server
+    from playwright.sync_api import sync_playwright
+
+    folder = Path(tempfile.mkdtemp(prefix="screens-"))
+    db = folder / "runs.duckdb"
+    made = _record(db)
+    docs = ROOT / "docs"
+    with streamlit_server({"SPECLAB_DB": str(db)}) as url, sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1500})
+
+        def timed(what: str, action) -> None:
+            started = time.monotonic()
+            action()
+            print(f"{what}: {time.monotonic() - started:.1f} s", flush=True)
+
+        page.goto(f"{url}/run")
+        page.get_by_role("heading", name="Run").first.wait_for(timeout=60_000)
+        page.get_by_role("textbox", name="Prompt", exact=True).fill(PROMPT)
+        page.get_by_role("button", name="Run", exact=True).click()
+        timed("first Run on a fresh server (model load + 64 tokens)",
+              lambda: page.get_by_text("Inspect run").wait_for(timeout=300_000))
+        page.wait_for_timeout(800)
+        page.screenshot(path=str(docs / "run.png"))
+
+        timed("first open of the lenience run on Inspect (exact laws of every position)",
+              lambda: (page.goto(f"{url}/inspect?run={made['lossy']}&pos={made['divergence']}"),
+                       page.locator("h3", has_text=f"Position {made['divergence']}:").wait_for(timeout=120_000),
+                       page.locator(".js-plotly-plot").nth(1).wait_for(timeout=60_000)))
+        page.wait_for_timeout(1500)
+        page.locator("h3", has_text="Tokens").scroll_into_view_if_needed()
+        page.screenshot(path=str(docs / "inspect.png"), full_page=True)
+        target = made["divergence"] + 1
+        page.locator(f'.tok[data-position="{target}"]').click()
+        timed("a click on a token to its charts", lambda: page.locator("h3", has_text=f"Position {target}:").wait_for(timeout=30_000))
+
+        timed("Compare with the divergence chart",
+              lambda: (page.goto(f"{url}/compare?group={made['group']}"),
+                       page.get_by_text("a(x) of the drafted token vs the coin u").first.wait_for(timeout=120_000)))
+        page.wait_for_timeout(1500)
+        page.screenshot(path=str(docs / "compare.png"), full_page=True)
+
+        page.goto(f"{url}/audit?audit={made['audit']}")
+        page.get_by_role("heading", name="Audit").first.wait_for(timeout=60_000)
+        page.wait_for_timeout(2000)
+        page.screenshot(path=str(docs / "audit.png"))
+
+        page.goto(f"{url}/runs")
+        page.locator('[data-testid="stDataFrame"]').first.wait_for(timeout=60_000)
+        page.wait_for_timeout(1500)
+        page.screenshot(path=str(docs / "runs.png"))
+
+        page.goto(f"{url}/playground")
+        page.locator(".js-plotly-plot").first.wait_for(timeout=60_000)
+        page.wait_for_timeout(1500)
+        page.screenshot(path=str(docs / "playground.png"))
+        browser.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
