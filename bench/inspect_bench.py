@@ -108,6 +108,39 @@ def _old_click(store, run_id: str, target, clicks: int) -> float:
     return statistics.median(times)
 
 
+_PEER = """
+import os, sys, time
+sys.path.insert(0, os.environ["PEER_ROOT"])
+from streamlit.testing.v1 import AppTest
+at = AppTest.from_file(os.path.join(os.environ["PEER_ROOT"], "views", "inspect.py"), default_timeout=1200)
+at.query_params["run"] = os.environ["PEER_RUN"]
+start = time.perf_counter(); at.run(); print("open", time.perf_counter() - start, flush=True)
+assert not at.exception, [e.value for e in at.exception]
+for index in range(int(os.environ["PEER_CLICKS"])):
+    at.number_input(key="inspect_position").set_value((index * 37 + 5) % int(os.environ["PEER_COUNT"]))
+    start = time.perf_counter(); at.run(); print("click", time.perf_counter() - start, flush=True)
+    assert not at.exception, [e.value for e in at.exception]
+"""
+
+
+def _peer(revision: str, db: str, run_id: str, count: int, clicks: int) -> tuple[float, list[float]]:
+    """The Inspect page of ``revision`` (e.g. the commit before issue 10) on the same run, in a
+    fresh process (its own model caches, as a fresh server): first open and ``clicks`` clicks."""
+    import os
+    import subprocess
+
+    folder = tempfile.mkdtemp(prefix="inspect-peer-")
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", folder, revision], check=True, capture_output=True)
+    try:
+        env = {**os.environ, "PEER_ROOT": folder, "PEER_RUN": run_id, "PEER_COUNT": str(count), "PEER_CLICKS": str(clicks),
+               "SPECLAB_DB": db}
+        output = subprocess.run([sys.executable, "-c", _PEER], env=env, cwd=folder, capture_output=True, text=True, check=True).stdout
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", folder], capture_output=True)
+    times = [line.split() for line in output.splitlines() if line.startswith(("open", "click"))]
+    return float(times[0][1]), [float(value) for name, value in times[1:]]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -115,6 +148,9 @@ def main() -> int:
     parser.add_argument("--long", type=int, default=2000, help="positions of the long run (0: skip it)")
     parser.add_argument("--clicks", type=int, default=8, help="position changes timed per run")
     parser.add_argument("--db", default=None, help="DuckDB file to record into (default: a temporary file)")
+    parser.add_argument("--peer", default=None, metavar="REV",
+                        help="also time the Inspect page of this git revision on the main run (e.g. 99cbbbf, before issue 10)")
+    parser.add_argument("--peer-clicks", type=int, default=2, help="position changes timed on the peer (each can take a minute)")
     args = parser.parse_args()
 
     import os
@@ -146,8 +182,13 @@ def main() -> int:
         old = _old_click(Store(db, read_only=True), run_id, target, min(args.clicks, 4))
         click = statistics.median(times)
         print(f"{name} run ({count} positions): first open {first:.2f} s; position change median {click:.3f} s "
-              f"(max {max(times):.3f} s, {len(times)} clicks); previous design's click {old:.2f} s "
-              f"({old / click:.0f}× slower)", flush=True)
+              f"(max {max(times):.3f} s, {len(times)} clicks); the forward passes alone of the previous design's click "
+              f"(cache-free forwards on the prefix) {old:.2f} s", flush=True)
+        if args.peer and name == "main":
+            peer_open, peer_clicks = _peer(args.peer, db, run_id, count, args.peer_clicks)
+            peer_click = statistics.median(peer_clicks)
+            print(f"peer {args.peer} on the same run: first open {peer_open:.1f} s ({peer_open / first:.0f}× ours); "
+                  f"position change median {peer_click:.1f} s over {len(peer_clicks)} clicks ({peer_click / click:.0f}× ours)", flush=True)
     return 0
 
 

@@ -61,17 +61,17 @@ def _mark_tokens(figure: go.Figure, labels: list[str], tokens: list[int], marks:
                  height: float, **where: int) -> None:
     """Labelled markers above the bars of chosen tokens: ``(token, text, symbol, colour)``; two
     marks on one token stack."""
-    stacked: dict[int, int] = {}
+    level = 0
     for token, text, symbol, color in marks:
         if token is None or int(token) not in tokens:
             continue
         column = tokens.index(int(token))
-        level = stacked.get(column, 0)
-        stacked[column] = level + 1
-        figure.add_scatter(x=[labels[column]], y=[height * (1.06 + 0.1 * level)], mode="markers+text", name=text,
+        # One height per mark, so labels on neighbouring tokens never overlap.
+        figure.add_scatter(x=[labels[column]], y=[height * (1.06 + 0.09 * level)], mode="markers+text", name=text,
                            text=[text], textposition="middle right", showlegend=False, cliponaxis=False,
                            marker={"symbol": symbol, "size": 13, "color": color},
                            hovertemplate=f"%{{x}}: {text}<extra></extra>", **where)
+        level += 1
 
 
 def law_figure(view: StepView, top_n: int = 30, show_fallback: bool | None = None, draft_token: int | None = None,
@@ -188,7 +188,7 @@ def divergence_figure(p_target: torch.Tensor, q_draft: torch.Tensor, steps: list
     tokens = shown_tokens(first_view, top_n, (draft_token, *emitted))
     labels = _category_labels(first_view, tokens)
     figure = make_subplots(rows=1, cols=2, column_widths=[0.74, 0.26], horizontal_spacing=0.09,
-                           subplot_titles=("laws at this position", "a(x) of the drafted token vs the coin u"))
+                           subplot_titles=("laws at this position", "a(x) of the draft vs the coin u"))
 
     def values(tensor: torch.Tensor) -> list[float]:
         return [float(tensor[index]) for index in tokens]

@@ -138,7 +138,7 @@ def summarise(members: pd.DataFrame, figures: dict[str, dict[str, float]]) -> pd
         else:
             diverged = part["divergence_position"].dropna().astype(float)
             never = int(part["divergence_position"].isna().sum())
-            mean = f"{diverged.mean():.1f}" if len(diverged) else "never"
+            mean = (f"{int(diverged.iloc[0])}" if len(diverged) == 1 else f"{diverged.mean():.1f}") if len(diverged) else "never"
             row["first divergence"] = mean + (f" ({never} of {len(part)} never)" if never and len(diverged) else "")
         rows.append(row)
     return pd.DataFrame(rows)

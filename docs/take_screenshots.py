@@ -75,17 +75,20 @@ def main() -> int:
                        page.locator("h3", has_text=f"Position {made['divergence']}:").wait_for(timeout=120_000),
                        page.locator(".js-plotly-plot").nth(1).wait_for(timeout=60_000)))
         page.wait_for_timeout(1500)
-        page.locator("h3", has_text="Tokens").scroll_into_view_if_needed()
-        page.screenshot(path=str(docs / "inspect.png"), full_page=True)
+        # Streamlit scrolls inside its own container: a tall viewport shows the whole page.
+        page.set_viewport_size({"width": 1400, "height": 2500})
+        page.wait_for_timeout(1500)
+        page.screenshot(path=str(docs / "inspect.png"))
         target = made["divergence"] + 1
         page.locator(f'.tok[data-position="{target}"]').click()
         timed("a click on a token to its charts", lambda: page.locator("h3", has_text=f"Position {target}:").wait_for(timeout=30_000))
 
         timed("Compare with the divergence chart",
               lambda: (page.goto(f"{url}/compare?group={made['group']}"),
-                       page.get_by_text("a(x) of the drafted token vs the coin u").first.wait_for(timeout=120_000)))
+                       page.get_by_text("a(x) of the draft vs the coin u").first.wait_for(timeout=120_000)))
         page.wait_for_timeout(1500)
-        page.screenshot(path=str(docs / "compare.png"), full_page=True)
+        page.screenshot(path=str(docs / "compare.png"))
+        page.set_viewport_size({"width": 1400, "height": 1500})
 
         page.goto(f"{url}/audit?audit={made['audit']}")
         page.get_by_role("heading", name="Audit").first.wait_for(timeout=60_000)

@@ -93,7 +93,7 @@ def test_compare_tells_the_divergence_on_one_chart(setup, browser) -> None:
     page.goto(f"{setup['url']}/compare?group={setup['group']}")
     page.get_by_role("heading", name="Compare").wait_for(timeout=60_000)
     page.get_by_role("heading", name="Where and why each rule leaves the reference").wait_for(timeout=60_000)
-    page.get_by_text("a(x) of the drafted token vs the coin u").wait_for(timeout=30_000)
+    page.get_by_text("a(x) of the draft vs the coin u").wait_for(timeout=30_000)
     reason = page.get_by_text("lossless", exact=False).filter(has_text="lenience:0.3").filter(has_text=" u ")
     assert reason.count() >= 1
     assert "None" not in page.locator('[data-testid="stDataFrame"]').first.inner_text()
