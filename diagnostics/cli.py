@@ -98,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     compare = commands.add_parser("compare", help="coupled runs (same seed and uniforms), one per rule")
     _add_generation_options(compare)
     compare.add_argument("--rules", required=True, help=RULE_LIST_HELP)
+    compare.add_argument("--seeds", default=None, metavar="LIST",
+                         help="run every rule at each of these seeds in one group: 0,1,2 or 0-4 (instead of --seed); "
+                              "each seed's first rule is that seed's reference")
     report = commands.add_parser("report", help="one self-contained HTML file for runs (a run or a compared group) and audits")
     report.add_argument("run_ids", nargs="*", metavar="RUN_ID", help="runs to include (their stored audits come with them)")
     report.add_argument("--audit", action="append", default=[], metavar="AUDIT_ID", help="a stored audit to include (repeatable)")
@@ -323,24 +326,35 @@ def _command_replay(args: argparse.Namespace) -> int:
 
 
 def _command_compare(args: argparse.Namespace) -> int:
-    from diagnostics.rules import split_specs
-    from diagnostics.runner import compare_rules
+    from dataclasses import replace
 
-    store, target, draft, requests = _prepare(args, split_specs(args.rules))
+    import pandas as pd
+
+    from diagnostics.comparison import parse_seeds, references, run_group
+    from diagnostics.rules import split_specs
+
+    seeds = parse_seeds(args.seeds) if args.seeds is not None else [args.seed]
+    store, target, draft, per_rule = _prepare(args, split_specs(args.rules))
+    requests = [replace(request, seed=seed) for seed in seeds for request in per_rule]
     bars: list[_Progress] = []
 
-    def progress_for(request: Any) -> _Progress:
-        bars.append(_Progress(request.max_new_tokens, request.rule, _progress_wanted(args)))
+    def progress_for(index: int, request: Any) -> _Progress:
+        label = request.rule if len(seeds) == 1 else f"{request.rule} · seed {request.seed}"
+        bars.append(_Progress(request.max_new_tokens, label, _progress_wanted(args)))
         return bars[-1]
 
     try:
-        group_id, results, divergence = compare_rules(store, target, draft, requests, progress_for)
+        group_id, results = run_group(store, target, draft, requests, on_record_for=progress_for)
     finally:
         for bar in bars:
             bar.close()
-    for run_id, run in results:
+    members = store.group(group_id).set_index("run_id")
+    refs = references(members.reset_index())
+    for (run_id, run), request in zip(results, requests):
         payload = json.loads(_run_json(run_id, run, str(store.path)))
-        payload.update(group_id=group_id, divergence_position=divergence[run_id], reference_run=results[0][0])
+        divergence = members.at[run_id, "divergence_position"]
+        payload.update(group_id=group_id, seed=request.seed, divergence_position=None if pd.isna(divergence) else int(divergence),
+                       reference_run=refs[request.seed])
         print(json.dumps(payload, ensure_ascii=False), flush=True)
     return 0
 

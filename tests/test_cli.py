@@ -57,6 +57,20 @@ def test_compare_prints_the_coupled_group(capsys, tiny_folder: str, tmp_path: Pa
     assert all(line["reference_run"] == lines[0]["run_id"] for line in lines)
 
 
+def test_compare_over_several_seeds_makes_one_group_with_a_reference_per_seed(capsys, tiny_folder: str, tmp_path: Path) -> None:
+    db = tmp_path / "runs.duckdb"
+    status, lines, _ = _run(capsys, "compare", "--prompt", "w1 w2 w3 w1 w2", "--rules", "lossless,lenience:0.1", "--seeds", "3-4",
+                            "--target", tiny_folder, "--draft", "ngram:2", "--max-new-tokens", "12", "--raw",
+                            "--db", str(db), "--no-progress")
+    assert status == 0 and [(line["seed"], line["rule"]) for line in lines] == [(3, "lossless"), (3, "lenience:0.1"),
+                                                                                 (4, "lossless"), (4, "lenience:0.1")]
+    assert len({line["group_id"] for line in lines}) == 1
+    assert [line["reference_run"] for line in lines] == [lines[0]["run_id"]] * 2 + [lines[2]["run_id"]] * 2
+    assert lines[0]["divergence_position"] is None and lines[2]["divergence_position"] is None
+    status, lines, err = _run(capsys, "compare", "--prompt", "x", "--rules", "lossless", "--seeds", "4-1", "--db", str(db))
+    assert status == 2 and len(err.strip().splitlines()) == 1 and "backwards" in err
+
+
 def test_rule_lists_split_like_a_person_writes_them() -> None:
     assert split_specs("lossless,lenience:0.5,medusa:0.09,0.3,cos:0.4") == ["lossless", "lenience:0.5", "medusa:0.09,0.3", "cos:0.4"]
     assert split_specs("lossless;medusa:0.09,0.3") == ["lossless", "medusa:0.09,0.3"]
