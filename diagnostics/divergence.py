@@ -25,10 +25,14 @@ def _number(value: Any) -> float | None:
 
 
 def _token(record: dict[str, Any], text: Callable[[int], str] | None, column: str = "token") -> str:
+    """A token as the line shows it: decoded by ``text``, else the text the run stored, else its id."""
     token = record.get(column)
-    if token is None:
+    if token is None or token != token:  # a missing draft comes back from a DataFrame as NaN
         return "–"
-    return repr(text(int(token))) if text else str(int(token))
+    if text:
+        return repr(text(int(token)))
+    stored = record.get("token_text" if column == "token" else "draft_text")
+    return repr(stored) if isinstance(stored, str) else str(int(token))
 
 
 def decision_line(spec: str, record: dict[str, Any], text: Callable[[int], str] | None = None) -> str:

@@ -29,6 +29,8 @@ def test_reasons_name_the_decisive_numbers() -> None:
     assert both.endswith("lossless → 3, typical:0.1 → 5")
     bonus = divergence_reason("lossless", _record("bonus", 3, draft=None), "greedy", _record("bonus", 4, draft=None))
     assert bonus == "both draw the bonus with the same uniform; the bonus laws differ: lossless → 3, greedy → 4"
+    stored = {**_record("rejected", 3), "token_text": " the", "draft_text": " sea"}
+    assert decision_line("lossless", stored) == "lossless rejects the draft ' sea': u = 0.251 ≥ a = 0.185; its fallback law gives ' the'"
     texts = {3: "the", 7: "sea"}
     assert decision_line("cos:0.4", _record("accepted", 7), texts.get) == "cos:0.4 keeps the draft 'sea': u = 0.251 < a = 0.185"
 
