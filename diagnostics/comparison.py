@@ -123,13 +123,15 @@ def _float(value: Any) -> float:
 
 
 def summarise(members: pd.DataFrame, figures: dict[str, dict[str, float]]) -> pd.DataFrame:
-    """One row per rule across seeds: seeds, mean and standard deviation of each figure, the mean
-    first-divergence position over the seeds that diverged and how many never did."""
+    """One row per rule across seeds: seeds, mean and standard deviation (``NAME sd``) of each figure
+    in ``figures[run_id]``, the mean first-divergence position over the seeds that diverged and
+    how many never did."""
     rows = []
     refs = set(references(members).values())
     for rule, part in members.groupby("rule", sort=False):
         row: dict[str, Any] = {"rule": rule, "seeds": int(part["seed"].nunique())}
-        for name in ("acceptance α", "block efficiency", "mean TV(P, p)", "log-likelihood"):
+        names = list(dict.fromkeys(name for run_id in part["run_id"] for name in figures[run_id]))
+        for name in names:
             values = pd.Series([figures[run_id][name] for run_id in part["run_id"]], dtype="float64").dropna()
             row[name] = values.mean() if len(values) else float("nan")
             row[f"{name} sd"] = values.std(ddof=1) if len(values) > 1 else float("nan")

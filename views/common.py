@@ -194,6 +194,28 @@ def _default_cost_ratio(run: dict, target: LoadedModel | None) -> tuple[float, s
     return 0.5, "a guess (models not loaded)"
 
 
+def target_if_allowed(run: dict) -> LoadedModel | None:
+    """The run's target when it may be loaded without asking (trusted, or allowed earlier in this
+    session) and is on this machine; never shows a button (``model_consent`` does)."""
+    allowed = st.session_state.get("allowed_models", set())
+    if any(name not in allowed for name in models_to_load(run, trusted=("default", default_target()))):
+        return None
+    return try_model(target_spec(run))
+
+
+def cost_ratio_input(run: dict, target: LoadedModel | None, key: str, container) -> float | None:
+    """The draft/target cost ratio ``c`` for ``run``'s pair in an editable box (default: measured on
+    this machine when the models are loaded); ``None`` for plain decoding, which has no draft."""
+    if not int(run.get("gamma") or 0):
+        container.metric("draft/target cost c", "–", help="Plain decoding: no draft.")
+        return None
+    start, source = _default_cost_ratio(run, target)
+    return container.number_input("draft/target cost c", 0.0, 10.0, round(float(start), 3), 0.01, format="%.3f",  # literal-ok: source is one of the constant strings of _default_cost_ratio
+                                  key=f"{key}_cost_{run['run_id']}",
+                                  help=f"Time of one draft step over one target step; default: {source}. "
+                                       "Type your hardware's ratio to model its speed-up.")
+
+
 def headline_metrics(run: dict, positions, target: LoadedModel | None, key: str) -> None:
     """The hardware-independent figures first (acceptance α̂, block efficiency), the modelled
     speed-up ``(1 − α̂^{γ+1}) / ((1 − α̂)(γc + 1))`` with an editable cost ratio ``c``, the
@@ -203,16 +225,8 @@ def headline_metrics(run: dict, positions, target: LoadedModel | None, key: str)
     alpha = verified_acceptance(accepted, rejected)
     gamma = int(run.get("gamma") or 0)
     columns = st.columns(6)
-    if gamma:
-        start, source = _default_cost_ratio(run, target)
-        cost = columns[5].number_input("draft/target cost c", 0.0, 10.0, round(float(start), 3), 0.01, format="%.3f",  # literal-ok: source is one of the constant strings of _default_cost_ratio
-                                       key=f"{key}_cost_{run['run_id']}",
-                                       help=f"Time of one draft step over one target step; default: {source}. "
-                                            "Type your hardware's ratio to model its speed-up.")
-        speedup = modelled_speedup(alpha, gamma, cost)
-    else:
-        columns[5].metric("draft/target cost c", "–", help="Plain decoding: no draft.")
-        speedup = 1.0
+    cost = cost_ratio_input(run, target, key, columns[5])
+    speedup = modelled_speedup(alpha, gamma, cost) if cost is not None else 1.0
     figures = [
         ("acceptance α", alpha), ("block efficiency", run.get("block_efficiency")), ("modelled speed-up", speedup),
         ("mean TV(P, p)", run.get("mean_tv_target")), ("mean TV(P, baseline)", run.get("mean_tv_baseline")),

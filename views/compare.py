@@ -15,11 +15,13 @@ from diagnostics.divergence import divergence_reason
 from diagnostics.engine import EngineError
 from diagnostics.explain import explain_step
 from diagnostics.inspection import position_view, target_spec
+from diagnostics.metrics import modelled_speedup
 from diagnostics.models import ModelError, load_draft
 from diagnostics.rules import RuleError, get_rule
 from diagnostics.store import StoreError
 from views.common import (
     cached_model,
+    cost_ratio_input,
     decoder,
     literal,
     md,
@@ -29,6 +31,7 @@ from views.common import (
     run_laws,
     run_link,
     show_error,
+    target_if_allowed,
     try_model,
 )
 from views.run_form import RULE_HELP, request_widgets
@@ -131,9 +134,14 @@ if any(not pd.isna(members.loc[members.run_id == run_id, "divergence_position"].
 
 positions = {row.run_id: store.positions(row.run_id) for row in members.itertuples()}
 figures = {row.run_id: member_figures(row, positions[row.run_id]) for row in members.itertuples()}
-summary = summarise(members, figures)
 seeds = sorted(int(seed) for seed in members["seed"].unique())
-st.subheader("Across seeds" if len(seeds) > 1 else "Summary")
+heading, cost_box = st.columns([4, 1])
+heading.subheader("Across seeds" if len(seeds) > 1 else "Summary")
+cost = cost_ratio_input(reference.to_dict(), target_if_allowed(reference.to_dict()), "cmp", cost_box)
+for row in members.itertuples():
+    alpha = figures[row.run_id]["acceptance α"]
+    figures[row.run_id]["modelled speed-up"] = modelled_speedup(alpha, int(row.gamma or 0), cost) if cost is not None else 1.0
+summary = summarise(members, figures)
 shown = pd.DataFrame({"rule": summary["rule"], "seeds": summary["seeds"]})
 
 
@@ -145,12 +153,14 @@ def _mean_sd(name: str, digits: int) -> list[str]:
     return out
 
 
-for name, digits in (("acceptance α", 3), ("block efficiency", 2), ("mean TV(P, p)", 4), ("log-likelihood", 1)):
+for name, digits in (("acceptance α", 3), ("block efficiency", 2), ("modelled speed-up", 2), ("mean TV(P, p)", 4),
+                     ("log-likelihood", 1)):
     shown[name] = _mean_sd(name, digits)
 shown["first divergence"] = summary["first divergence"]
 st.dataframe(shown, hide_index=True, key="cmp_summary", width="stretch")
 st.caption("Mean ± standard deviation over seeds. acceptance α: accepted / verified drafts; block efficiency: tokens per "
-           "target forward; log-likelihood: Σ log p(y) of the output under the target. Wall-clock speed is on each run's Inspect page.")
+           "target forward; modelled speed-up: (1 − α^(γ+1)) / ((1 − α)(γc + 1)) with the cost ratio c at the right; "
+           "log-likelihood: Σ log p(y) of the output under the target. Wall-clock speed is on each run's Inspect page.")
 
 seed = st.selectbox("Seed", seeds, key="cmp_seed") if len(seeds) > 1 else seeds[0]
 at_seed = members[members.seed == seed]
