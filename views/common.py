@@ -183,7 +183,8 @@ def _default_cost_ratio(run: dict, target: LoadedModel | None) -> tuple[float, s
     if target is not None:
         try:
             drafter = run_drafter(run, target)
-            ids = tuple(int(token) for token in (run.get("prompt_ids") or [])[:128])
+            stored = run.get("prompt_ids")  # a list from get_run, an array from a DataFrame row
+            ids = tuple(int(token) for token in (list(stored) if stored is not None else [])[:128])
             return measured_cost_ratio(target.name, str(run["draft"]), target, drafter, ids), "measured on this machine"
         except (ModelError, OSError, ValueError, RuntimeError):
             pass
