@@ -1,0 +1,101 @@
+"""One target forward over a token tree: the 4D attention mask, the positions, the per-node logits.
+
+A tree of draft nodes hangs below the last committed token (the root). Node ``i`` has a parent
+(``-1``: the root) and a token; its depth is 1 + its parent's depth (the root's children have
+depth 1). In the forward over ``prefix + nodes``, node ``i`` must see the prefix, its ancestors
+and itself, and nothing else, at position ``len(prefix) − 1 + depth(i)`` (where it would sit
+in a plain sequence along its path). Then the logits at node ``i`` are the laws after the path
+to ``i``, exactly as a sequential forward along that path would give them.
+
+Traps, each checked by ``tests/test_tree_attention.py``: a float mask is *additive* (0 where
+visible, the dtype's most negative value where hidden), so a 0/1 float mask is silently wrong;
+``position_ids`` must be passed explicitly (the default counts nodes, not depths); a
+``DynamicCache`` is modified in place by every forward, so a tree forward gets a copy of the
+prefix cache, never the one a chain of calls keeps using.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from diagnostics.models import LoadedModel
+
+
+@dataclass(frozen=True)
+class TokenTree:
+    """Draft nodes in breadth-first order: ``parents[i]`` is an earlier node's index or ``-1`` (the root)."""
+
+    parents: tuple[int, ...]
+    tokens: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.parents) != len(self.tokens):
+            raise ValueError(f"a tree needs one parent per token: {len(self.parents)} parents, {len(self.tokens)} tokens")
+        for index, parent in enumerate(self.parents):
+            if not -1 <= parent < index:
+                raise ValueError(f"node {index}'s parent {parent} is not an earlier node or -1 (the root)")
+
+    @property
+    def depths(self) -> list[int]:
+        """Depth of each node: 1 for the root's children."""
+        depths: list[int] = []
+        for parent in self.parents:
+            depths.append(1 if parent < 0 else depths[parent] + 1)
+        return depths
+
+    def path(self, node: int) -> list[int]:
+        """The nodes from the root's child down to ``node``, inclusive."""
+        nodes = []
+        while node >= 0:
+            nodes.append(node)
+            node = self.parents[node]
+        return nodes[::-1]
+
+    def visible(self) -> torch.Tensor:
+        """``[N, N]`` bool: node ``i`` sees node ``j`` iff ``j`` is ``i`` or one of its ancestors."""
+        count = len(self.parents)
+        sees = torch.zeros(count, count, dtype=torch.bool)
+        for node in range(count):
+            sees[node, self.path(node)] = True
+        return sees
+
+
+def tree_inputs(prefix_length: int, tree: TokenTree, dtype: torch.dtype, cached: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The additive 4D mask ``[1, 1, Q, K]`` and ``position_ids`` ``[1, Q]`` of a forward whose queries
+    are the uncached prefix tokens (``prefix_length − cached`` of them) and then the tree's nodes,
+    and whose keys are the whole prefix and the nodes. Visible: 0; hidden: ``finfo(dtype).min``."""
+    count = len(tree.tokens)
+    fresh = prefix_length - cached
+    keys = prefix_length + count
+    allowed = torch.zeros(fresh + count, keys, dtype=torch.bool)
+    rows = torch.arange(cached, prefix_length)
+    allowed[:fresh, :prefix_length] = torch.arange(prefix_length)[None, :] <= rows[:, None]  # causal prefix
+    allowed[fresh:, :prefix_length] = True  # every node sees the whole prefix
+    allowed[fresh:, prefix_length:] = tree.visible()
+    mask = torch.full(allowed.shape, torch.finfo(dtype).min, dtype=dtype).masked_fill(allowed, 0.0)
+    depths = torch.tensor(tree.depths, dtype=torch.long)
+    positions = torch.cat([rows, prefix_length - 1 + depths])
+    return mask[None, None], positions[None]
+
+
+@torch.inference_mode()
+def tree_logits(loaded: LoadedModel, prefix: list[int], tree: TokenTree, cache=None) -> torch.Tensor:
+    """Logits ``[N + 1, V]``: row 0 after the prefix (the root's law), row ``i + 1`` after the path to
+    node ``i``. ``cache``: a ``DynamicCache`` holding a leading part of ``prefix``; it is copied,
+    never extended, so the caller's cache is left as it was."""
+    import copy
+
+    cached = cache.get_seq_length() if cache is not None else 0
+    if cached >= len(prefix):
+        raise ValueError(f"the cache holds {cached} of the prefix's {len(prefix)} tokens: leave at least the last one "
+                         "out of it, its logits are the root's law")
+    dtype = next(loaded.model.parameters()).dtype
+    mask, positions = tree_inputs(len(prefix), tree, dtype, cached)
+    ids = torch.tensor([list(prefix[cached:]) + list(tree.tokens)], device=loaded.device)
+    work = copy.deepcopy(cache) if cache is not None else None
+    out = loaded.model(input_ids=ids, attention_mask=mask.to(loaded.device), position_ids=positions.to(loaded.device),
+                       past_key_values=work, use_cache=work is not None)
+    fresh = len(prefix) - cached
+    return out.logits[0, fresh - 1 :].float().cpu()
