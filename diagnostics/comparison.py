@@ -9,7 +9,6 @@ divergence, so a group stopped half-way keeps what completed (and the interrupte
 
 from __future__ import annotations
 
-import math
 import re
 import uuid
 from collections.abc import Callable
@@ -19,7 +18,7 @@ from typing import Any
 import pandas as pd
 
 from diagnostics.engine import EngineError, PositionRecord, Run
-from diagnostics.metrics import verified_acceptance
+from diagnostics.metrics import log_likelihood, verified_acceptance
 from diagnostics.rules import split_specs
 from diagnostics.runner import RunRequest, first_divergence, record_run
 from diagnostics.store import Store
@@ -109,12 +108,11 @@ def member_figures(member: Any, positions: pd.DataFrame) -> dict[str, float]:
     """A member's per-run figures: ``α̂`` (accepted / verified), block efficiency, mean ``TV(P, p)``,
     the target log-likelihood of the output."""
     kinds = positions["kind"].value_counts() if len(positions) else {}
-    values = positions["p_token"].astype("float64").clip(lower=1e-300) if len(positions) else pd.Series(dtype="float64")
     return {
         "acceptance α": verified_acceptance(int(kinds.get("accepted", 0)), int(kinds.get("rejected", 0))),
         "block efficiency": _float(member.block_efficiency),
         "mean TV(P, p)": _float(member.mean_tv_target),
-        "log-likelihood": float(values.map(math.log).sum()) if len(values) else float("nan"),
+        "log-likelihood": log_likelihood(positions["p_token"]) if len(positions) else float("nan"),
     }
 
 

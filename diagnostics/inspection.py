@@ -31,6 +31,16 @@ class PositionView:
     note: str
     ids: list[int] | None = None  # rebuilt views: the token id of each index (the last, the tail, has none)
 
+    def index_of(self, token: Any, missing: int | None = None) -> int | None:
+        """Where token id ``token`` sits in ``view``'s laws: the id itself when exact; in a rebuilt
+        view its index among the stored top-k ids, else ``missing`` (the tail is index
+        ``len(ids)``). ``None`` for no token (``None``, or NaN from a DataFrame row)."""
+        if token is None or token != token:
+            return None
+        if self.ids is None:
+            return int(token)
+        return {stored: where for where, stored in enumerate(self.ids)}.get(int(token), missing)
+
 
 def target_spec(run: dict[str, Any]) -> str:
     """The ``--target`` value that loads a run's target again."""
@@ -108,7 +118,7 @@ def exact_laws(run: dict[str, Any], record: dict[str, Any], target: LoadedModel,
     return p_target, teacher_forced_laws(drafter, prefix, [], _policy(run["draft_policy"]), vocab)[0]
 
 
-def _as_list(value: Any) -> list:
+def as_list(value: Any) -> list:
     """A stored list column (list, numpy array, or missing) as a plain list."""
     if value is None or isinstance(value, float):
         return []
@@ -117,8 +127,8 @@ def _as_list(value: Any) -> list:
 
 def stored_laws(record: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:
     """``p`` and ``q`` over the union of their stored top-k ids plus one tail entry (last index)."""
-    p_ids = _as_list(record.get("p_top_ids"))
-    q_ids = _as_list(record.get("q_top_ids"))
+    p_ids = as_list(record.get("p_top_ids"))
+    q_ids = as_list(record.get("q_top_ids"))
     ids = sorted(set(p_ids) | set(q_ids))
     index = {token: position for position, token in enumerate(ids)}
 
@@ -129,8 +139,8 @@ def stored_laws(record: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | No
         law[-1] = max(0.0, 1.0 - float(law.sum()))
         return law
 
-    p_target = rebuild(p_ids, _as_list(record.get("p_top_probs")))
-    q_draft = rebuild(q_ids, _as_list(record.get("q_top_probs"))) if q_ids else None
+    p_target = rebuild(p_ids, as_list(record.get("p_top_probs")))
+    q_draft = rebuild(q_ids, as_list(record.get("q_top_probs"))) if q_ids else None
     return p_target, q_draft, ids
 
 
@@ -188,7 +198,7 @@ class RunLaws:
 
     @torch.inference_mode()
     def __init__(self, run: dict[str, Any], tokens: list[int], target: LoadedModel, drafter: LoadedModel | None) -> None:
-        prompt = [int(token) for token in (run.get("prompt_ids") if run.get("prompt_ids") is not None else [])]
+        prompt = [int(token) for token in as_list(run.get("prompt_ids"))]
         if not prompt:
             raise ValueError("the run has no stored prompt ids")
         self.vocab = target.vocab_size

@@ -82,3 +82,19 @@ def test_a_run_with_foreign_ids_is_refused(setting, tmp_path: Path) -> None:
     run = store.get_run(runs["ngram:2"])
     with pytest.raises(ValueError, match="outside this target's vocabulary"):
         RunLaws(run, [3, 99], target, None)
+
+
+def test_index_of_maps_token_ids_to_the_bars_of_a_view(setting) -> None:
+    """Exact views index by token id; rebuilt ones by the stored top-k (else ``missing``, e.g. the
+    tail); a missing draft (None, or NaN from a DataFrame row, as at a bonus position) is no bar."""
+    store, target, runs = setting
+    run = store.get_run(runs["ngram:2"])
+    records = store.positions(runs["ngram:2"]).to_dict("records")
+    rebuilt = position_view(run, records[3], None)
+    exact = position_view(run, records[3], RunLaws(run, [r["token"] for r in records], target, None))
+    stored = rebuilt.ids[2]
+    assert exact.index_of(stored) == stored and exact.index_of(float("nan")) is None and exact.index_of(None) is None
+    assert rebuilt.index_of(stored) == 2 and rebuilt.index_of(float(stored)) == 2
+    absent = 1000  # the tiny vocabulary is all in the stored top-20: an id outside it is in no bar
+    assert rebuilt.index_of(absent) is None and rebuilt.index_of(absent, len(rebuilt.ids)) == len(rebuilt.ids)
+    assert rebuilt.index_of(float("nan"), len(rebuilt.ids)) is None

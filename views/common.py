@@ -8,7 +8,7 @@ from urllib.parse import quote, urlencode
 
 import streamlit as st
 
-from diagnostics.inspection import RunLaws, draft_model, models_to_load, target_spec
+from diagnostics.inspection import RunLaws, as_list, draft_model, models_to_load, target_spec
 from diagnostics.cost import draft_cost_ratio
 from diagnostics.metrics import modelled_speedup, verified_acceptance
 from diagnostics.models import LoadedModel, ModelError, layer_count, load_model, parse_draft
@@ -136,18 +136,24 @@ def show_error(error: object) -> None:
     st.error(literal(error))
 
 
+def _pending_models(run: dict) -> list[str]:
+    """The models ``run`` names that may not load without the user's click: neither the embedded
+    default, nor the app's configured target, nor allowed earlier in this session."""
+    allowed = st.session_state.get("allowed_models", set())
+    return [name for name in models_to_load(run, trusted=("default", default_target())) if name not in allowed]
+
+
 def model_consent(run: dict, key: str) -> bool:
     """Whether the models ``run`` names may be loaded. The embedded default and the app's configured
     target may; any other path or hub id (a shared file can name any folder) only after the user
     presses a button that names it, once per session. Never loads anything itself."""
-    allowed = st.session_state.setdefault("allowed_models", set())
-    pending = [name for name in models_to_load(run, trusted=("default", default_target())) if name not in allowed]
+    pending = _pending_models(run)
     if not pending:
         return True
     st.caption("This run names models that are not loaded: until you load them, p is not recomputed "
                "and p and q are rebuilt from the stored top-20.")
     if st.button(md("Load {names} (local files only) to recompute p and q exactly", names=", ".join(pending)), key=key):
-        allowed.update(pending)
+        st.session_state.setdefault("allowed_models", set()).update(pending)
         return True
     return False
 
@@ -183,8 +189,7 @@ def _default_cost_ratio(run: dict, target: LoadedModel | None) -> tuple[float, s
     if target is not None:
         try:
             drafter = run_drafter(run, target)
-            stored = run.get("prompt_ids")  # a list from get_run, an array from a DataFrame row
-            ids = tuple(int(token) for token in (list(stored) if stored is not None else [])[:128])
+            ids = tuple(int(token) for token in as_list(run.get("prompt_ids"))[:128])  # a list, or an array from a DataFrame row
             return measured_cost_ratio(target.name, str(run["draft"]), target, drafter, ids), "measured on this machine"
         except (ModelError, OSError, ValueError, RuntimeError):
             pass
@@ -198,10 +203,7 @@ def _default_cost_ratio(run: dict, target: LoadedModel | None) -> tuple[float, s
 def target_if_allowed(run: dict) -> LoadedModel | None:
     """The run's target when it may be loaded without asking (trusted, or allowed earlier in this
     session) and is on this machine; never shows a button (``model_consent`` does)."""
-    allowed = st.session_state.get("allowed_models", set())
-    if any(name not in allowed for name in models_to_load(run, trusted=("default", default_target()))):
-        return None
-    return try_model(target_spec(run))
+    return None if _pending_models(run) else try_model(target_spec(run))
 
 
 def cost_ratio_input(run: dict, target: LoadedModel | None, key: str, container) -> float | None:

@@ -199,10 +199,10 @@ if reference_run is not None and diverging:
         steps = []
         for spec, record in ((reference_run["rule"], ref_record), (member.rule, other_record)):
             view = explain_step(get_rule(spec), detail.view.p_target, detail.view.q_draft, detail.view.labels)
-            if not detail.exact:  # rebuilt laws index the stored top-k: map token ids to those indices
-                index = {token: where for where, token in enumerate(detail.ids or [])}
-                record = {**record, "token": index.get(int(record["token"]), len(detail.ids or [])),
-                          "draft_token": None if record.get("draft_token") is None else index.get(int(record["draft_token"]), len(detail.ids or []))}
+            if not detail.exact:  # rebuilt laws index the stored top-k (a token outside it: the tail bar)
+                tail = len(detail.ids or [])
+                record = {**record, "token": detail.index_of(record["token"], tail),
+                          "draft_token": detail.index_of(record.get("draft_token"), tail)}
             steps.append((view, record))
         st.plotly_chart(divergence_figure(detail.view.p_target, detail.view.q_draft, steps), key=f"cmp_divergence_{member.run_id}")
         if not detail.exact:

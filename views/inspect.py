@@ -128,15 +128,10 @@ st.subheader(md(f"Position {int(position)}: {{kind}}", kind=kind))
 st.caption(literal(decision_line(run["rule"], record, decode)))
 left, right = st.columns([3, 1])
 with left:
-    draft_token = None if record.get("draft_token") is None or kind == "bonus" else int(record["draft_token"])
-    if detail.exact:
-        st.plotly_chart(law_figure(detail.view, top_n=25, draft_token=draft_token, emitted_token=int(record["token"]), kind=kind),
-                        key="position_law")
-    else:
-        # Rebuilt laws index the union of stored top-k ids: mark by that index, not the token id.
-        index = {label: where for where, label in enumerate(detail.ids)} if detail.ids else {}
-        st.plotly_chart(law_figure(detail.view, top_n=25, draft_token=index.get(draft_token),
-                                   emitted_token=index.get(int(record["token"])), kind=kind), key="position_law")
+    # Rebuilt laws index the union of the stored top-k ids: index_of maps a token id to its bar.
+    draft_token = None if kind == "bonus" else detail.index_of(record.get("draft_token"))
+    st.plotly_chart(law_figure(detail.view, top_n=25, draft_token=draft_token, emitted_token=detail.index_of(record["token"]),
+                               kind=kind), key="position_law")
 with right:
     # The stored scalars are exact over the full vocabulary, whatever the chart could rebuild.
     def shown_value(name: str) -> str:
