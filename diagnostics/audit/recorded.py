@@ -42,10 +42,11 @@ def audit_recorded_run(store, run_id: str, target=None, z_limit: float = 4.0, p_
     """Replay a stored run: ``accept ⇔ u_accept < a(x)`` at every verified position; no drafted
     token with ``q(x) = 0`` and no emitted token with ``p(y) = 0``; the accepted count against
     ``Σ α`` (z-score, ``|z| > z_limit`` flags); and, when ``target`` (the run's model) is given,
-    ``p`` and ``q`` recomputed by plain forwards on the committed prefix must reproduce the
+    ``p`` and ``q`` recomputed by teacher-forced forwards (one per model over prompt + output,
+    ``inspection.RunLaws``: equal to a plain forward on each committed prefix) must reproduce the
     recorded ``a(x)``, top-k of ``p``, draft, fallback and bonus tokens from the stored uniforms.
     """
-    from diagnostics.inspection import draft_model, exact_laws
+    from diagnostics.inspection import RunLaws, draft_model
 
     run = store.get_run(run_id)
     if run is None:
@@ -60,7 +61,9 @@ def audit_recorded_run(store, run_id: str, target=None, z_limit: float = 4.0, p_
     def present(value) -> bool:
         return value is not None and value == value
 
-    drafter = draft_model(run, target) if target is not None else None  # loaded once, not per position
+    # Every position's laws from one forward per model (a forward per position made this O(n²)).
+    laws = RunLaws(run, [int(record["token"]) for record in records], target, draft_model(run, target)) \
+        if target is not None else None
     accepted = 0
     alpha_sum = variance = 0.0
     max_difference = None
@@ -79,9 +82,9 @@ def audit_recorded_run(store, run_id: str, target=None, z_limit: float = 4.0, p_
             if present(record.get("alpha")):
                 alpha_sum += record["alpha"]
                 variance += record["alpha"] * (1 - record["alpha"])
-        if target is None:
+        if laws is None:
             continue
-        p_target, q_draft = exact_laws(run, record, target, drafter)
+        p_target, q_draft = laws.p_at(position), laws.q_at(position, record)
         top_ids = [int(token) for token in record["p_top_ids"]]
         difference = float((p_target[top_ids] - torch.tensor(list(record["p_top_probs"]), dtype=torch.float64)).abs().max())
         max_difference = difference if max_difference is None else max(max_difference, difference)
