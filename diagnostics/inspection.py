@@ -223,6 +223,8 @@ class RunLaws:
         ``None`` at a bonus position, where no draft was verified."""
         if record["kind"] == "bonus" or record.get("draft_token") is None:
             return None
+        if not 0 <= int(record["draft_token"]) < self.vocab:  # a shared file's ids are untrusted
+            raise ValueError(f"the run drafted token id {int(record['draft_token'])}, outside this target's vocabulary of {self.vocab}")
         if self.q_rows is None:
             q_draft = torch.zeros(self.vocab, dtype=torch.float64)
             q_draft[int(record["draft_token"])] = 1.0
@@ -237,12 +239,15 @@ def position_view(run: dict[str, Any], record: dict[str, Any], laws: RunLaws | N
     rule = get_rule(run["rule"])
     position = int(record["position"])
     if laws is not None and position < laws.count:
-        p_target = laws.p_at(position)
-        q_draft = laws.q_at(position, record)
-        if q_draft is None:
-            q_draft = p_target  # bonus position: no draft was verified; P is the bonus law
-        view = explain_step(rule, p_target, q_draft, _lazy_labels(p_target.numel(), decode))
-        return PositionView(view, True, "exact: p and q from teacher-forced forward passes over prompt + output")
+        try:
+            p_target, q_draft = laws.p_at(position), laws.q_at(position, record)
+        except ValueError as error:
+            unavailable = str(error)
+        else:
+            if q_draft is None:
+                q_draft = p_target  # bonus position: no draft was verified; P is the bonus law
+            view = explain_step(rule, p_target, q_draft, _lazy_labels(p_target.numel(), decode))
+            return PositionView(view, True, "exact: p and q from teacher-forced forward passes over prompt + output")
     note = (f"exact laws not available ({unavailable}); rebuilt from the stored top-k" if unavailable
             else "rebuilt from the stored top-20 of p and q; the last bar lumps the tail")
     p_target, q_draft, ids = stored_laws(record)

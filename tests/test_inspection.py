@@ -82,6 +82,16 @@ def test_a_run_with_foreign_ids_is_refused(setting, tmp_path: Path) -> None:
     run = store.get_run(runs["ngram:2"])
     with pytest.raises(ValueError, match="outside this target's vocabulary"):
         RunLaws(run, [3, 99], target, None)
+    # A drafted id out of range (a hostile file): a one-line refusal at that position, and the
+    # position view falls back to the stored top-k saying why, instead of an IndexError.
+    records = store.positions(runs["ngram:2"]).to_dict("records")
+    laws = RunLaws(run, [record["token"] for record in records], target, None)
+    verified = next(record for record in records if record["kind"] != "bonus")
+    hostile = {**verified, "draft_token": 10**6}
+    with pytest.raises(ValueError, match="drafted token id 1000000"):
+        laws.q_at(int(hostile["position"]), hostile)
+    view = position_view(run, hostile, laws)
+    assert not view.exact and "drafted token id 1000000" in view.note
 
 
 def test_index_of_maps_token_ids_to_the_bars_of_a_view(setting) -> None:
