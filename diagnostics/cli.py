@@ -328,8 +328,6 @@ def _command_replay(args: argparse.Namespace) -> int:
 def _command_compare(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    import pandas as pd
-
     from diagnostics.comparison import parse_seeds, references, run_group
     from diagnostics.rules import split_specs
 
@@ -344,17 +342,14 @@ def _command_compare(args: argparse.Namespace) -> int:
         return bars[-1]
 
     try:
-        group_id, results = run_group(store, target, draft, requests, on_record_for=progress_for)
+        group_id, results, divergence = run_group(store, target, draft, requests, on_record_for=progress_for)
     finally:
         for bar in bars:
             bar.close()
-    members = store.group(group_id).set_index("run_id")
-    refs = references(members.reset_index())
+    refs = references(store.group(group_id))
     for (run_id, run), request in zip(results, requests):
         payload = json.loads(_run_json(run_id, run, str(store.path)))
-        divergence = members.at[run_id, "divergence_position"]
-        payload.update(group_id=group_id, seed=request.seed, divergence_position=None if pd.isna(divergence) else int(divergence),
-                       reference_run=refs[request.seed])
+        payload.update(group_id=group_id, seed=request.seed, divergence_position=divergence[run_id], reference_run=refs[request.seed])
         print(json.dumps(payload, ensure_ascii=False), flush=True)
     return 0
 

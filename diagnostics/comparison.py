@@ -65,27 +65,27 @@ def run_group(
     requests: list[RunRequest],
     *,
     group_id: str | None = None,
-    on_start: Callable[[int, RunRequest], None] | None = None,
     on_record_for: Callable[[int, RunRequest], Callable[[PositionRecord], None] | None] | None = None,
     should_stop: Callable[[], bool] | None = None,
-) -> tuple[str, list[tuple[str, Run]]]:
+) -> tuple[str, list[tuple[str, Run]], dict[str, int | None]]:
     """Run the members in order, storing each with its divergence from its seed's reference as soon
-    as it finishes. ``should_stop`` (or an interruption) ends the group after the current member's
-    block: that member is kept ``interrupted`` and no further member starts."""
+    as it finishes; returns the group id, the runs and each run's divergence (``None``: the
+    reference, or never). ``should_stop`` (or an interruption) ends the group after the current
+    member's block: that member is kept ``interrupted`` and no further member starts."""
     group_id = group_id or uuid.uuid4().hex[:12]
     results: list[tuple[str, Run]] = []
+    divergence: dict[str, int | None] = {}
     references: dict[int, Run] = {}
     for index, request in enumerate(requests):
-        if on_start is not None:
-            on_start(index, request)
         on_record = on_record_for(index, request) if on_record_for is not None else None
         run_id, run = record_run(store, target, draft, request, group_id=group_id, on_record=on_record, should_stop=should_stop)
         results.append((run_id, run))
         reference = references.setdefault(request.seed, run)
-        store.set_group([run_id], group_id, {run_id: None if reference is run else first_divergence(reference, run)})
+        divergence[run_id] = None if reference is run else first_divergence(reference, run)
+        store.set_group([run_id], group_id, divergence)
         if run.status == "interrupted":
             break
-    return group_id, results
+    return group_id, results, divergence
 
 
 def group_status(members: pd.DataFrame) -> str:

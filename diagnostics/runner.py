@@ -5,7 +5,6 @@ Shared by the command line and the dashboard, so that both record runs the same 
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -231,20 +230,15 @@ def compare_rules(
 ) -> tuple[str, list[tuple[str, Run]], dict[str, int | None]]:
     """Coupled runs, one per request (same prompt, seed, drafter and uniforms; only the rule differs).
 
-    The first request is the reference; returns the group id, the runs, and each run's first
-    divergence from the reference. ``draft`` is a loaded model or a drafter spec; each run
-    builds its own drafter and KV caches.
+    The first request of each seed is its reference; returns the group id, the runs, and each
+    run's first divergence from its reference. ``draft`` is a loaded model or a drafter spec; each
+    run builds its own drafter and KV caches. ``comparison.run_group`` does the running.
     """
+    from diagnostics.comparison import run_group  # it builds on this module
+
     if not requests:
         raise EngineError("compare needs at least one rule, e.g. --rules lossless,lenience:0.5")
     for request in requests:
         request.validate()
-    group_id = uuid.uuid4().hex[:12]
-    results: list[tuple[str, Run]] = []
-    for request in requests:
-        on_record = on_record_for(request) if on_record_for is not None else None
-        results.append(record_run(store, target, draft, request, group_id=group_id, on_record=on_record))
-    reference = results[0][1]
-    divergence = {run_id: first_divergence(reference, run) for run_id, run in results}
-    store.set_group([run_id for run_id, _ in results], group_id, divergence)
-    return group_id, results, divergence
+    per_member = (lambda _index, request: on_record_for(request)) if on_record_for is not None else None
+    return run_group(store, target, draft, requests, on_record_for=per_member)

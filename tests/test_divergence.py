@@ -80,7 +80,7 @@ def test_a_multi_seed_group_measures_divergence_per_seed_and_summarises(tmp_path
     store = Store(tmp_path / "runs.duckdb")
     planned = plan_group("lossless, lenience:0.5, medusa:0.09,0.3", [0, 1, 2], _base())
     assert [(r.seed, r.rule) for r in planned[:4]] == [(0, "lossless"), (0, "lenience:0.5"), (0, "medusa:0.09,0.3"), (1, "lossless")]
-    group_id, results = run_group(store, tiny, "ngram:2", planned)
+    group_id, results, _ = run_group(store, tiny, "ngram:2", planned)
     members = store.group(group_id)
     assert len(members) == 9 and group_status(members) == "complete"
     refs = references(members)
@@ -105,7 +105,7 @@ def test_stop_keeps_finished_members_and_marks_the_group_interrupted(tmp_path: P
     def should_stop() -> bool:
         return seen.count(1) >= 3  # stop during the second member
 
-    group_id, results = run_group(store, tiny, "ngram:2", planned, on_record_for=on_record_for, should_stop=should_stop)
+    group_id, results, _ = run_group(store, tiny, "ngram:2", planned, on_record_for=on_record_for, should_stop=should_stop)
     members = store.group(group_id)
     assert list(members["status"]) == ["complete", "interrupted"] and group_status(members) == "interrupted"
     assert 2 not in seen  # the third member never started

@@ -89,7 +89,7 @@ if start and planned:
 
     try:
         try:
-            group_id, results = run_group(store, target, draft, planned, group_id=group_id, on_record_for=on_record_for)
+            group_id, _, _ = run_group(store, target, draft, planned, group_id=group_id, on_record_for=on_record_for)
         finally:
             finished.set()
     except (RuleError, EngineError, ModelError, StoreError, ValueError) as error:
