@@ -371,3 +371,13 @@ def test_the_decoded_text_skips_special_tokens_but_the_ids_keep_eos(tmp_path: Pa
     assert run.text == tiny.tokenizer.decode(run.tokens, skip_special_tokens=True)
     row = store.get_run(run_id)
     assert row["output_text"] == run.text and list(row["tokens"])[-1] == eos
+
+
+def test_mark_interrupted_closes_only_runs_left_running(tmp_path: Path, tiny) -> None:
+    store = Store(tmp_path / "runs.duckdb")
+    done, _ = record_run(store, tiny, "ngram:2", _request())
+    left = store.start_run({"prompt": "p", "rule": "lossless", "target": "t", "draft": "ngram:2", "gamma": 3, "seed": 0,
+                            "max_new_tokens": 8, "policy": "{}", "draft_policy": "{}", "prompt_ids": [1]})
+    assert store.mark_interrupted([done, left]) == [left]
+    assert store.get_run(left)["status"] == "interrupted" and store.get_run(done)["status"] == "complete"
+    assert store.mark_interrupted([left]) == []

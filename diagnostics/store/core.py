@@ -280,6 +280,16 @@ class Store:
         with self.connect(read_only=True) as con:
             return int(con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0])
 
+    def mark_interrupted(self, run_ids: list[str]) -> list[str]:
+        """Those of ``run_ids`` still ``running`` become ``interrupted`` as the reaper leaves a dead
+        writer's runs (summary rebuilt from their positions): for a writer of this process that was
+        stopped and is gone, e.g. a page's generation ended by Stop. Returns the ids changed."""
+        self._writable()
+        running = [run_id for run_id in run_ids if (self.get_run(run_id) or {}).get("status") == "running"]
+        if running:
+            self._reap(running)
+        return running
+
     def _reap(self, run_ids: list[str]) -> None:
         """Runs left ``running`` by a process that no longer exists become ``interrupted``, with the
         summary columns their positions determine (tokens, count, text, blocks, distortion)."""
