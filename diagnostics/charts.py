@@ -363,7 +363,7 @@ def tracks_figure(positions: "object", selected: int | None = None, divergence: 
         (1, "α", series("alpha"), "#8250df", "lines"),
         (2, "TV(p, q)", series("tv_pq"), "#bc4c00", "lines"),
         (3, "H(p)", series("entropy_p"), "#0550ae", "lines"),
-        (4, "log p(y)", log_p, "#6e7781", "lines+markers"),
+        (4, "log p(y)", log_p, "#6e7781", "lines"),  # no markers: 2,000 SVG points cost the browser
         (5, "TV(P, p)", series("tv_target"), "#cf222e", "lines"),
         (5, "TV(P, baseline)", series("tv_baseline"), "#57606a", "lines"),
         (5, "KL(P ‖ p)", series("kl_target"), "#bf8700", "lines"),
