@@ -14,6 +14,8 @@ import torch
 
 from diagnostics.models import LoadedModel
 from diagnostics.policy import Policy, probabilities
+from diagnostics.tree_attention import TokenTree, keep_rows, tree_inputs
+from diagnostics.tree_draft import DraftTree, TreeDraftingModel, TreeSpec, Uniform, ngram_tree
 
 Draw = Callable[[torch.Tensor, int], int]
 
@@ -64,11 +66,46 @@ class CachedModel:
 
 
 class TargetScorer(CachedModel):
-    """Scores ``γ + 1`` positions in one forward: after the committed prefix and after each draft."""
+    """Scores ``γ + 1`` positions in one forward: after the committed prefix and after each draft.
+
+    For a tree, ``score_tree`` scores the root and every node in one forward under the tree mask
+    (``diagnostics.tree_attention``), and ``keep_path`` then keeps the prefix and the accepted
+    path's rows of the cache. ``tree_inputs`` and ``path_rows`` are the two steps an audit's
+    planted bug may replace in a subclass.
+    """
 
     def score(self, committed: list[int], drafts: list[int]) -> torch.Tensor:
         feed = committed[self.cached :] + drafts
         return self.forward(feed, keep=len(drafts) + 1)
+
+    tree_inputs = staticmethod(tree_inputs)
+
+    @staticmethod
+    def path_rows(prefix_length: int, tree: TokenTree, path: list[int]) -> list[int]:
+        """Cache rows to keep after a round: the prefix, then each accepted node's row in path order."""
+        return list(range(prefix_length)) + [prefix_length + node for node in path]
+
+    @torch.inference_mode()
+    def score_tree(self, committed: list[int], tree: TokenTree) -> torch.Tensor:
+        """Logits ``[N + 1, V]``: row 0 after ``committed`` (the root), row ``i + 1`` after the path to node ``i``."""
+        if not tree.tokens:
+            return self.forward(committed[self.cached :], keep=1)
+        loaded = self.loaded
+        dtype = next(loaded.model.parameters()).dtype
+        mask, positions = self.tree_inputs(len(committed), tree, dtype, self.cached)
+        ids = torch.tensor([committed[self.cached :] + list(tree.tokens)], dtype=torch.long, device=loaded.device)
+        keep = len(tree.tokens) + 1
+        output = loaded.model(input_ids=ids, attention_mask=mask.to(loaded.device), position_ids=positions.to(loaded.device),
+                              past_key_values=self.cache, use_cache=True, logits_to_keep=keep)
+        self.cached = len(committed) + len(tree.tokens)
+        return output.logits[0, -keep:].float()
+
+    def keep_path(self, prefix_length: int, tree: TokenTree, path: list[int]) -> None:
+        """Gather the prefix and the accepted path's rows; every other node's keys and values go."""
+        rows = self.path_rows(prefix_length, tree, path)
+        if rows != list(range(self.cached)):
+            keep_rows(self.cache, rows)
+        self.cached = len(rows)
 
 
 class Drafter(Protocol):
@@ -88,6 +125,15 @@ class ModelDrafter:
         self.model = CachedModel(loaded)
         self.policy = policy
         self.name = name
+        self.trees = TreeDraftingModel(self.model, policy, fit_vocabulary)
+
+    def propose_tree(self, committed: list[int], spec: TreeSpec, uniform: Uniform, vocab: int, eos: set[int]) -> DraftTree:
+        """A tree of drafts after ``committed`` (see ``diagnostics.tree_draft``)."""
+        return self.trees.propose(committed, spec, uniform, vocab, eos)
+
+    def commit_tree(self, prefix_length: int, draft: DraftTree, path: list[int]) -> None:
+        """The prefix and the accepted path's nodes are committed; every other node is forgotten."""
+        self.trees.commit(prefix_length, draft, path)
 
     def propose(self, committed: list[int], count: int, draw: Draw, vocab: int, eos: set[int]) -> tuple[list[int], torch.Tensor]:
         tokens: list[int] = []
@@ -119,6 +165,13 @@ class NgramDrafter:
     def __init__(self, n: int) -> None:
         self.n = n
         self.name = f"ngram:{n}"
+
+    def propose_tree(self, committed: list[int], spec: TreeSpec, uniform: Uniform, vocab: int, eos: set[int]) -> DraftTree:
+        """A trie of the continuations of several earlier matches (see ``tree_draft.ngram_tree``)."""
+        return ngram_tree(committed, self.n, spec, vocab, eos)
+
+    def commit_tree(self, prefix_length: int, draft: DraftTree, path: list[int]) -> None:
+        return None
 
     def propose(self, committed: list[int], count: int, draw: Draw, vocab: int, eos: set[int]) -> tuple[list[int], torch.Tensor]:
         tokens = self._lookup(committed, count)

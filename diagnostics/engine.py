@@ -30,6 +30,8 @@ from diagnostics.models import LoadedModel, check_vocabularies, early_exit_model
 from diagnostics.policy import Policy, probabilities
 from diagnostics.rng import sample_inverse_cdf, uniform_scalar
 from diagnostics.rules import Rule, get_rule
+from diagnostics.tree_draft import TreeSpec, parse_tree
+from diagnostics.tree_walk import all_node_steps
 
 
 class EngineError(ValueError):
@@ -61,6 +63,7 @@ class EngineSeams:
     target_laws: Callable[[torch.Tensor, Policy, int], torch.Tensor] = target_laws
     fallback_law: Callable[[Rule, torch.Tensor, torch.Tensor, int], torch.Tensor] = fallback_law
     scorer: type = TargetScorer
+    tree_steps: Callable[..., dict] = all_node_steps
 
 
 CORRECT = EngineSeams()
@@ -110,6 +113,7 @@ class PositionRecord:
     q_tail: float | None = None
     token_text: str | None = None
     draft_text: str | None = None
+    tree_node: int | None = None  # tree runs: the node (−1 the root) whose children decided this position
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -135,10 +139,17 @@ class Run:
     status: str = "complete"
     stop_reason: str = "length"
     text: str | None = None
+    tree: TreeSpec | None = None
+    verified: int = 0  # tree runs: positions decided at a node with children
+    nodes: list[Any] = field(default_factory=list)  # tree runs: tree_engine.NodeRecord per drafted node
+    rounds: list[Any] = field(default_factory=list)  # tree runs: tree_engine.RoundRecord per round
 
     @property
     def acceptance_rate(self) -> float | None:
-        """Accepted drafts / drafted tokens."""
+        """Chain: accepted drafts / drafted tokens. Tree: accepted positions / positions decided at a
+        node with children (a tree drafts many nodes per position, so per node would mislead)."""
+        if self.tree is not None:
+            return self.accepted / self.verified if self.verified else None
         return self.accepted / self.drafted if self.drafted else None
 
     @property
@@ -241,6 +252,11 @@ def generate(
     on_record: Callable[[PositionRecord], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
     seams: EngineSeams = CORRECT,
+    tree: TreeSpec | str | tuple[int, ...] | None = None,
+    tree_children: str = "top",
+    tree_budget: int | None = None,
+    tree_depth: int | None = None,
+    on_round: Callable[[Any, list[Any]], None] | None = None,
 ) -> Run:
     """Generate with speculative decoding under ``rule`` (or plain decoding when ``draft`` is ``None``).
 
@@ -249,14 +265,30 @@ def generate(
     also passed to ``on_record`` as soon as its block is verified. ``should_stop`` is polled
     between blocks: when it returns true the run ends with status ``interrupted``. ``seams`` is
     for audits only (planted bugs); leave it at the default.
+
+    ``tree`` (``(3, 2, 1)``, ``"3,2,1"`` or a ``TreeSpec``) or ``tree_budget``/``tree_depth``
+    drafts a token tree per round instead of a chain of ``gamma`` (``diagnostics.tree_engine``);
+    ``tree_children`` is ``top``, ``sample`` or ``sample-distinct``. ``on_round(round, nodes)``
+    receives each round's ``RoundRecord`` and ``NodeRecord`` list.
     """
     loaded = wrap_model(target) if not isinstance(target, LoadedModel) else target
     verify_rule = get_rule(rule)
     policy = Policy(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, eta=eta)
     draft_policy = draft_policy or policy
     prompt = [int(token) for token in (prompt_ids.reshape(-1).tolist() if isinstance(prompt_ids, torch.Tensor) else prompt_ids)]
+    spec = tree if isinstance(tree, TreeSpec) else tree_spec_or_error(tree, tree_budget, tree_depth, tree_children)
+    if spec is not None:
+        check_tree_settings(spec, verify_rule, draft)
+        gamma = spec.max_depth
     check_settings(loaded, prompt, gamma, max_new_tokens, int(seed), top_k_record)
     drafter = make_drafter(draft, loaded, draft_policy)
+    if spec is not None:
+        from diagnostics.tree_engine import generate_tree
+
+        return generate_tree(loaded, drafter, verify_rule, spec, prompt, max_new_tokens=max_new_tokens, seed=int(seed),
+                             policy=policy, draft_policy=draft_policy, eos=_eos_ids(loaded, eos_token_id), record=record,
+                             top_k_record=top_k_record, on_record=on_record, on_round=on_round, should_stop=should_stop,
+                             seams=seams)
     vocab = loaded.vocab_size
     eos = _eos_ids(loaded, eos_token_id)
     scorer = seams.scorer(loaded)
@@ -431,6 +463,31 @@ def _block_records(
             token_text=_decode_one(tokenizer, emitted[index]),
         ))
     return records
+
+
+def tree_spec_or_error(tree: Any, budget: Any, depth: Any, children: str | None) -> TreeSpec | None:
+    """``parse_tree`` with its errors as ``EngineError`` (one line, says what to write)."""
+    try:
+        return parse_tree(tree, budget, depth, children)
+    except ValueError as error:
+        raise EngineError(str(error)) from None
+
+
+def check_tree_settings(spec: TreeSpec, rule: Rule, draft: Any) -> None:
+    """A tree needs a drafter that drafts trees, a rule with a tree form, and, for sampled
+    children, the lossless rule (the lossy tree rules are defined for ordered deterministic
+    candidates, as EAGLE drafts them)."""
+    if draft is None:
+        raise EngineError("a tree needs a drafter (e.g. --draft early-exit:26); plain decoding has nothing to verify")
+    if not rule.tree_capable:
+        from diagnostics.rules import TREE_RULES
+
+        raise EngineError(f"rule {rule.spec!r} has no tree form; tree rules: {', '.join(TREE_RULES)}")
+    if spec.children != "top" and rule.lossy:
+        raise EngineError(f"lossy tree rules try ordered deterministic candidates; {rule.spec} needs --tree-children top "
+                          f"(sampled children, {spec.children}, are verified losslessly only)")
+    if isinstance(draft, str) and draft.strip().lower().startswith("ngram") and spec.children != "top":
+        raise EngineError("n-gram drafts are deterministic; use --tree-children top with an n-gram drafter")
 
 
 # Hard limits whatever the model: they fit the store's INTEGER and BIGINT columns, and a model

@@ -9,11 +9,23 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from diagnostics.engine import CORRECT, EngineError, EngineSeams, PositionRecord, Run, check_numbers, check_settings, generate
+from diagnostics.engine import (
+    CORRECT,
+    EngineError,
+    EngineSeams,
+    PositionRecord,
+    Run,
+    check_numbers,
+    check_settings,
+    check_tree_settings,
+    generate,
+    tree_spec_or_error,
+)
 from diagnostics.models import LoadedModel, parse_draft
 from diagnostics.policy import Policy
 from diagnostics.rules import get_rule
 from diagnostics.store import RunWriter, Store, StoreError
+from diagnostics.tree_draft import TreeSpec, spec_from_text
 
 
 def encode_prompt(target: LoadedModel, text: str, raw: bool = False) -> list[int]:
@@ -44,15 +56,35 @@ class RunRequest:
     draft_policy: Policy | None = None
     raw: bool = False
     top_k_record: int = 20
+    tree: str | None = None  # "3,2,1": a tree per round instead of a chain of gamma
+    tree_children: str = "top"
+    tree_budget: int | None = None
+    tree_depth: int | None = None
+
+    @property
+    def tree_spec(self) -> TreeSpec | None:
+        """The tree shape asked for, or ``None`` for a chain (raises ``EngineError`` when malformed)."""
+        return tree_spec_or_error(self.tree, self.tree_budget, self.tree_depth, self.tree_children)
+
+    @property
+    def depth(self) -> int:
+        """Draft tokens a round can add before its bonus: γ for a chain, the tree's depth for a tree."""
+        spec = self.tree_spec
+        return spec.max_depth if spec is not None else self.gamma
 
     def validate(self) -> None:
         """Cheap checks before any model work: a known rule spec and drafter, a non-empty prompt in
-        valid UTF-8, and γ, the token budget, the seed and the recorded top-k in range."""
-        get_rule(self.rule)
-        if self.draft is not None and self.draft.strip().lower() not in ("", "none", "plain"):
+        valid UTF-8, γ, the token budget, the seed and the recorded top-k in range, and a tree
+        shape the rule and drafter can take."""
+        rule = get_rule(self.rule)
+        drafted = self.draft is not None and self.draft.strip().lower() not in ("", "none", "plain")
+        if drafted:
             parse_draft(self.draft)
         check_prompt_text(self.prompt)
         check_numbers(self.gamma, self.max_new_tokens, self.seed, self.top_k_record)
+        spec = self.tree_spec
+        if spec is not None:
+            check_tree_settings(spec, rule, self.draft if drafted else None)
 
 
 def request_from_run(run: dict[str, Any]) -> RunRequest:
@@ -76,10 +108,18 @@ def request_from_run(run: dict[str, Any]) -> RunRequest:
     draft_spec = None if not draft or draft.lower().startswith(("none", "plain")) else draft
     policy = policy_of(run.get("policy"), "policy")
     draft_policy = policy_of(run.get("draft_policy"), "draft policy") if run.get("draft_policy") else policy
+    try:
+        spec = spec_from_text(run.get("tree"), run.get("tree_children"))
+    except ValueError as error:
+        raise ValueError(f"run {run.get('run_id')!r} has an unusable tree ({error}); it cannot be replayed") from None
+    tree_fields = {}
+    if spec is not None:
+        tree_fields = ({"tree": spec.text} if spec.branching else {"tree_budget": spec.budget, "tree_depth": spec.depth})
+        tree_fields["tree_children"] = spec.children
     return RunRequest(
         prompt=run["prompt"], rule=run["rule"], draft=draft_spec, gamma=int(run.get("gamma") or 0),
         max_new_tokens=int(run["max_new_tokens"]), seed=int(run["seed"]), policy=policy,
-        draft_policy=None if draft_policy == policy else draft_policy, raw=bool(run.get("raw_prompt")),
+        draft_policy=None if draft_policy == policy else draft_policy, raw=bool(run.get("raw_prompt")), **tree_fields,
     )
 
 
@@ -117,6 +157,7 @@ def check_prompt_text(text: str) -> None:
 def run_fields(request: RunRequest, target: LoadedModel, prompt_ids: list[int], group_id: str | None = None) -> dict[str, Any]:
     """The ``runs`` row a request starts with."""
     rule = get_rule(request.rule)
+    spec = request.tree_spec
     return {
         "target": target.name,
         "draft": request.draft or "none (plain decoding)",
@@ -125,7 +166,9 @@ def run_fields(request: RunRequest, target: LoadedModel, prompt_ids: list[int], 
         "rule_params": rule.params,
         "policy": request.policy.as_dict(),
         "draft_policy": (request.draft_policy or request.policy).as_dict(),
-        "gamma": request.gamma if request.draft else 0,
+        "gamma": request.depth if request.draft else 0,
+        "tree": spec.text if spec is not None else None,
+        "tree_children": spec.children if spec is not None else None,
         "seed": request.seed,
         "max_new_tokens": request.max_new_tokens,
         "prompt": request.prompt,
@@ -173,7 +216,7 @@ def record_run(
     request.validate()
     prompt_ids = encode_prompt(target, request.prompt, request.raw)
     # Everything generate() would refuse is refused here, before the run's row is written.
-    check_settings(target, prompt_ids, request.gamma, request.max_new_tokens, request.seed, request.top_k_record)
+    check_settings(target, prompt_ids, request.depth, request.max_new_tokens, request.seed, request.top_k_record)
     writer = RunWriter(store, run_fields(request, target, prompt_ids, group_id))
     partial: list[PositionRecord] = []
 
@@ -190,7 +233,7 @@ def record_run(
             max_new_tokens=request.max_new_tokens, seed=request.seed, temperature=policy.temperature,
             top_k=policy.top_k, top_p=policy.top_p, min_p=policy.min_p, eta=policy.eta,
             draft_policy=request.draft_policy, top_k_record=request.top_k_record, on_record=keep,
-            should_stop=should_stop, seams=seams,
+            should_stop=should_stop, seams=seams, tree=request.tree_spec, on_round=writer.add_round,
         )
     except Exception as error:
         # Best effort: a full disk may refuse even this; the error itself is raised either way.

@@ -17,6 +17,7 @@ prefix cache, never the one a chain of calls keeps using.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -37,7 +38,7 @@ class TokenTree:
             if not -1 <= parent < index:
                 raise ValueError(f"node {index}'s parent {parent} is not an earlier node or -1 (the root)")
 
-    @property
+    @cached_property
     def depths(self) -> list[int]:
         """Depth of each node: 1 for the root's children."""
         depths: list[int] = []
@@ -55,29 +56,53 @@ class TokenTree:
 
     def visible(self) -> torch.Tensor:
         """``[N, N]`` bool: node ``i`` sees node ``j`` iff ``j`` is ``i`` or one of its ancestors."""
+        return self._visible.clone()
+
+    @cached_property
+    def _visible(self) -> torch.Tensor:
         count = len(self.parents)
-        sees = torch.zeros(count, count, dtype=torch.bool)
-        for node in range(count):
-            sees[node, self.path(node)] = True
+        sees = torch.eye(count, dtype=torch.bool)
+        for node, parent in enumerate(self.parents):
+            if parent >= 0:
+                sees[node] |= sees[parent]  # a parent is an earlier node, so its row is complete
         return sees
 
 
-def tree_inputs(prefix_length: int, tree: TokenTree, dtype: torch.dtype, cached: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def tree_inputs(
+    prefix_length: int, tree: TokenTree, dtype: torch.dtype, cached: int = 0, first_node: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The additive 4D mask ``[1, 1, Q, K]`` and ``position_ids`` ``[1, Q]`` of a forward whose queries
-    are the uncached prefix tokens (``prefix_length − cached`` of them) and then the tree's nodes,
-    and whose keys are the whole prefix and the nodes. Visible: 0; hidden: ``finfo(dtype).min``."""
+    are the uncached prefix tokens (``prefix_length − cached`` of them) and then the nodes from
+    ``first_node`` on, and whose keys are the whole prefix and every node (the cache holds the
+    prefix's first ``cached`` tokens and the nodes before ``first_node``, in breadth-first order).
+    Visible: 0; hidden: ``finfo(dtype).min``. Node ``i`` sits at position ``prefix_length − 1 + depth(i)``."""
     count = len(tree.tokens)
+    if first_node and cached != prefix_length:
+        raise ValueError("feeding later nodes needs the whole prefix in the cache")
     fresh = prefix_length - cached
     keys = prefix_length + count
-    allowed = torch.zeros(fresh + count, keys, dtype=torch.bool)
+    allowed = torch.zeros(fresh + count - first_node, keys, dtype=torch.bool)
     rows = torch.arange(cached, prefix_length)
     allowed[:fresh, :prefix_length] = torch.arange(prefix_length)[None, :] <= rows[:, None]  # causal prefix
     allowed[fresh:, :prefix_length] = True  # every node sees the whole prefix
-    allowed[fresh:, prefix_length:] = tree.visible()
+    allowed[fresh:, prefix_length:] = tree.visible()[first_node:]
     mask = torch.full(allowed.shape, torch.finfo(dtype).min, dtype=dtype).masked_fill(allowed, 0.0)
-    depths = torch.tensor(tree.depths, dtype=torch.long)
+    depths = torch.tensor(tree.depths[first_node:], dtype=torch.long)
     positions = torch.cat([rows, prefix_length - 1 + depths])
     return mask[None, None], positions[None]
+
+
+def keep_rows(cache, rows: list[int]) -> None:
+    """Keep only the cached tokens at ``rows`` (in that order) in every layer of a ``DynamicCache``:
+    after a tree round, the committed prefix and the accepted path's nodes, in path order."""
+    index = None
+    for layer in cache.layers:
+        if getattr(layer, "keys", None) is None or not getattr(layer, "is_initialized", True):
+            continue
+        if index is None or index.device != layer.keys.device:
+            index = torch.tensor(rows, dtype=torch.long, device=layer.keys.device)
+        layer.keys = layer.keys.index_select(-2, index)
+        layer.values = layer.values.index_select(-2, index)
 
 
 @torch.inference_mode()

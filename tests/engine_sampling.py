@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from diagnostics.audit.mutants import StaleRollbackScorer
+from diagnostics.audit.mutants import TREE_MUTANTS, StaleRollbackScorer
 from diagnostics.drafters import TargetScorer
-from diagnostics.engine import generate
+from diagnostics.engine import CORRECT, generate
 from diagnostics.policy import Policy, probabilities
 from tiny_models import tiny_lm
 
@@ -29,7 +29,10 @@ class Setup:
     start: int = 0  # the window is tokens[start : start + 2]
     vocab: int = 4
     prompt: tuple[int, ...] = (1, 2, 3, 1, 2, 3, 1, 2)
-    planted: str | None = None  # "rollback": keep one stale token in the caches
+    planted: str | None = None  # "rollback": keep one stale token in the caches; or a TREE_MUTANTS name
+    tree: tuple[int, ...] | None = None  # a tree shape K1,…,Kd instead of the chain of gamma
+    children: str = "top"
+    budget: int | None = None  # a budget tree of this many nodes (depth: gamma)
 
     @property
     def max_new_tokens(self) -> int:
@@ -58,11 +61,17 @@ def _windows(job: tuple[Setup, int, int]) -> list[int]:
     target, draft = models(setup)
     policy = Policy(**setup.policy)
     cells = []
+    seams = TREE_MUTANTS[setup.planted][1] if setup.planted in TREE_MUTANTS else CORRECT
+    shape = {}
+    if setup.tree is not None:
+        shape = {"tree": setup.tree, "tree_children": setup.children}
+    elif setup.budget is not None:
+        shape = {"tree_budget": setup.budget, "tree_depth": setup.gamma}
     for seed in range(first_seed, first_seed + count):
         run = generate(
             target, draft, list(setup.prompt), gamma=setup.gamma, max_new_tokens=setup.max_new_tokens, seed=seed,
             temperature=policy.temperature, top_k=policy.top_k, top_p=policy.top_p, min_p=policy.min_p, eta=policy.eta,
-            eos_token_id=[], record=False,
+            eos_token_id=[], record=False, seams=seams, **shape,
         )
         window = run.tokens[setup.start : setup.start + 2]
         cells.append(window[0] * setup.vocab + window[1])

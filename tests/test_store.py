@@ -13,9 +13,11 @@ import pandas as pd
 import pytest
 from tiny_models import save_tiny_model
 
+from diagnostics.engine import PositionRecord
 from diagnostics.models import load_model
 from diagnostics.runner import RunRequest, compare_rules, record_run
 from diagnostics.store import SCHEMA_VERSION, Store, StoreBusy, StoreError
+from diagnostics.store.schema import POSITION_COLUMNS_ADDED_IN_3, RUN_COLUMNS_ADDED_IN_3
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -205,10 +207,23 @@ def test_read_only_store_cannot_write(tmp_path: Path) -> None:
         shared.delete_runs([shared.list_runs().iloc[0]["run_id"]])
 
 
-def test_audits_round_trip_and_old_files_stay_readable(tmp_path) -> None:
-    """Schema 2 adds the audits table: a schema-1 file opens read-only (no audits) and migrates on a writable open."""
+def _downgrade(path: Path, version: int) -> None:
+    """Make a file of this tool look as an older version wrote it."""
     import duckdb
 
+    with duckdb.connect(str(path)) as con:
+        con.execute("DROP TABLE tree_nodes")
+        con.execute("DROP TABLE tree_rounds")
+        for table, columns in (("runs", RUN_COLUMNS_ADDED_IN_3), ("positions", POSITION_COLUMNS_ADDED_IN_3)):
+            for column in columns:
+                con.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+        if version < 2:
+            con.execute("DROP TABLE audits")
+        con.execute(f"UPDATE meta SET value = '{version}' WHERE key = 'schema_version'")
+
+
+def test_audits_round_trip_and_old_files_stay_readable(tmp_path) -> None:
+    """Schema 2 adds the audits table: a schema-1 file opens read-only (no audits) and migrates on a writable open."""
     path = tmp_path / "runs.duckdb"
     store = Store(path)
     audit_id = store.add_audit({"layer": "rule", "implementation": "ours", "verdict": "pass", "statistic": float("inf"),
@@ -217,13 +232,32 @@ def test_audits_round_trip_and_old_files_stay_readable(tmp_path) -> None:
     assert row["verdict"] == "pass" and row["evidence"]["statistic"] is None  # strict JSON: no Infinity
     assert row["evidence"]["pairs"][0]["label"] == "<script>x</script>"
     assert store.list_audits()["audit_id"].tolist() == [audit_id] and store.list_audits(run_ids=[]).empty
-    with duckdb.connect(str(path)) as con:  # make it a schema-1 file
-        con.execute("DROP TABLE audits")
-        con.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    _downgrade(path, 1)
     old = Store(path, read_only=True)
     assert old.list_audits().empty and old.get_audit(audit_id) is None
     migrated = Store(path)
-    assert migrated.schema_version() == 2 and migrated.list_audits().empty
+    assert migrated.schema_version() == SCHEMA_VERSION and migrated.list_audits().empty
+
+
+def test_a_schema_2_file_keeps_its_runs_and_gains_the_tree_tables(tmp_path) -> None:
+    """Schema 3 appends tree columns and tables: a schema-2 file opens read-only as it is (no tree
+    rounds, runs and positions intact) and migrates on a writable open, its rows unchanged."""
+    path = tmp_path / "runs.duckdb"
+    store = Store(path)
+    run_id = store.start_run({"rule": "lossless", "prompt": "hi", "target": "tiny"})
+    store.add_positions(run_id, [PositionRecord(position=0, block=0, index_in_block=0, kind="bonus", token=3,
+                                                draft_token=None, p_token=0.5, p_draft=None, q_draft=None,
+                                                accept_prob=None, u_draft=None, u_accept=None, u_fallback=0.2)])
+    store.finish_run(run_id, "complete", {"n_tokens": 1, "tokens": [3]})
+    _downgrade(path, 2)
+    old = Store(path, read_only=True)
+    assert old.get_run(run_id)["n_tokens"] == 1 and old.tree_rounds(run_id).empty and old.tree_nodes(run_id).empty
+    assert "tree_node" not in old.positions(run_id).columns
+    migrated = Store(path)
+    assert migrated.schema_version() == SCHEMA_VERSION
+    run = migrated.get_run(run_id)
+    assert run["tokens"] == [3] and run["tree"] is None
+    assert migrated.positions(run_id)["tree_node"].isna().all() and migrated.tree_rounds(run_id).empty
 
 
 def _sha(path: Path) -> str:

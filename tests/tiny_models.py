@@ -13,10 +13,11 @@ class TinyCausalLM(torch.nn.Module):
     """A one-layer, one-head causal transformer with a real ``DynamicCache``, ~20 torch ops a forward.
 
     Same interface as a transformers causal LM for what the engine uses (``input_ids``,
-    ``past_key_values``, ``use_cache``, ``logits_to_keep`` → ``.logits``). Absolute position
-    embeddings read the cache length, and attention reads every cached key, so a stale or
-    missing cache entry changes the law: what the losslessness tests need, at a fraction of a
-    Llama forward's Python overhead.
+    ``past_key_values``, ``use_cache``, ``logits_to_keep`` → ``.logits``, and for token trees an
+    additive 4D ``attention_mask`` with explicit ``position_ids``). Absolute position embeddings
+    read the cache length (or ``position_ids``), and attention reads every cached key, so a stale
+    or missing cache entry, or a wrong position, changes the law: what the losslessness tests
+    need, at a fraction of a Llama forward's Python overhead.
     """
 
     def __init__(self, vocab: int, seed: int, dim: int = 8, sharpness: float = 1.5, max_positions: int = 64) -> None:
@@ -44,12 +45,14 @@ class TinyCausalLM(torch.nn.Module):
     def get_output_embeddings(self) -> torch.nn.Linear:
         return self.head
 
-    def forward(self, input_ids: torch.Tensor, past_key_values=None, use_cache: bool = True, logits_to_keep: int = 0, **_: object):
+    def forward(self, input_ids: torch.Tensor, past_key_values=None, use_cache: bool = True, logits_to_keep: int = 0,
+                attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None, **_: object):
         from types import SimpleNamespace
 
         start = past_key_values.get_seq_length() if past_key_values is not None else 0
         length = input_ids.shape[1]
-        hidden = self.embed[input_ids] + self.positions[start : start + length][None]
+        positions = self.positions[position_ids[0]] if position_ids is not None else self.positions[start : start + length]
+        hidden = self.embed[input_ids] + positions[None]
         query = (hidden @ self.query)[:, None]
         keys, values = (hidden @ self.key)[:, None], (hidden @ self.value)[:, None]
         if past_key_values is not None:
@@ -57,7 +60,11 @@ class TinyCausalLM(torch.nn.Module):
         scores = (query @ keys.transpose(-1, -2)) * self.scale
         total = keys.shape[-2]
         causal = torch.arange(total)[None, :] > (torch.arange(length)[:, None] + total - length)
-        attended = torch.softmax(scores.masked_fill(causal, -torch.inf), dim=-1) @ values
+        if attention_mask is not None and attention_mask.dim() == 4:
+            scores = scores + attention_mask.to(scores.dtype)  # additive: 0 visible, most negative hidden
+        else:
+            scores = scores.masked_fill(causal, -torch.inf)
+        attended = torch.softmax(scores, dim=-1) @ values
         logits = self.head(torch.tanh(hidden + attended[:, 0]))
         if logits_to_keep:
             logits = logits[:, -logits_to_keep:]

@@ -19,6 +19,8 @@ from diagnostics.engine import EngineSeams, fallback_law, target_laws
 from diagnostics.policy import Policy, probabilities
 from diagnostics.rng import sample_inverse_cdf
 from diagnostics.rules import Rule, normalise_or
+from diagnostics.tree_attention import tree_inputs
+from diagnostics.tree_walk import all_node_steps
 
 Verify = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Generator], torch.Tensor]
 
@@ -112,6 +114,61 @@ def _untruncated_verification(logits: torch.Tensor, policy: Policy, drafted: int
     return laws
 
 
+# -- tree engine -------------------------------------------------------------------------------
+
+
+def _unzeroed_steps(rule: Rule, p_node: torch.Tensor, q_node: torch.Tensor, tokens: list[int], sampled: bool,
+                    distinct: bool):
+    # A refused sibling is not zeroed before the next is tried: every child is tried against p itself,
+    # and the fallback draws from p, which may give back a refused candidate.
+    accept = [float(p_node[token]) for token in tokens]
+    law = torch.zeros_like(p_node)
+    survive = 1.0
+    for token, a_value in zip(tokens, accept):
+        law[token] += survive * a_value
+        survive *= 1.0 - a_value
+    return accept, [float(p_node[token]) for token in tokens], p_node, law + survive * p_node
+
+
+def _unzeroed_tree_steps(rule: Rule, draft, p_laws: torch.Tensor, mode: str) -> dict:
+    return all_node_steps(rule, draft, p_laws, mode, steps_of=_unzeroed_steps)
+
+
+class FlatPositionScorer(TargetScorer):
+    """Tree positions counted along the flattened tree (prefix + node index) instead of by depth."""
+
+    @staticmethod
+    def tree_inputs(prefix_length, tree, dtype, cached=0, first_node=0):
+        mask, positions = tree_inputs(prefix_length, tree, dtype, cached, first_node)
+        fresh = prefix_length - cached
+        flat = positions.clone()
+        flat[0, fresh:] = prefix_length + torch.arange(len(tree.tokens) - first_node) + first_node
+        return mask, flat
+
+
+class SiblingRowScorer(TargetScorer):
+    """KV compaction that keeps, for each accepted node, the row of its first sibling: right when the
+    first candidate was accepted, a refused sibling's keys and values otherwise."""
+
+    @staticmethod
+    def path_rows(prefix_length, tree, path):
+        rows = list(range(prefix_length))
+        for node in path:
+            first = tree.parents.index(tree.parents[node])
+            rows.append(prefix_length + first)
+        return rows
+
+
+TREE_MUTANTS: dict[str, tuple[str, EngineSeams]] = {
+    "sibling_not_zeroed": ("a refused sibling is not zeroed (and the law renormalised) before the next is tried",
+                           EngineSeams(tree_steps=_unzeroed_tree_steps)),
+    "flat_position_ids": ("tree position_ids counted along the flattened tree instead of by depth",
+                          EngineSeams(scorer=FlatPositionScorer)),
+    "kv_keeps_refused_sibling": ("KV compaction keeps a refused sibling's row instead of the accepted node's",
+                                 EngineSeams(scorer=SiblingRowScorer)),
+}
+
+
 ENGINE_MUTANTS: dict[str, tuple[str, EngineSeams]] = {
     "rollback_off_by_one": ("KV-cache rollback off by one: the first refused draft stays cached",
                             EngineSeams(scorer=StaleRollbackScorer)),
@@ -124,4 +181,5 @@ ENGINE_MUTANTS: dict[str, tuple[str, EngineSeams]] = {
 # The truncation mutant only differs from the correct engine under a truncating policy.
 ENGINE_MUTANT_POLICY: dict[str, dict] = {"truncation_dropped": {"top_k": 4}}
 
-__all__ = ["ENGINE_MUTANTS", "ENGINE_MUTANT_POLICY", "RULE_MUTANTS", "StaleRollbackScorer", "fallback_law", "target_laws"]
+__all__ = ["ENGINE_MUTANTS", "ENGINE_MUTANT_POLICY", "RULE_MUTANTS", "TREE_MUTANTS", "StaleRollbackScorer", "fallback_law",
+           "target_laws"]

@@ -50,6 +50,7 @@ from diagnostics.store.schema import (
     STATUSES,
     schema_problem,
 )
+from diagnostics.store.trees import TreeTables
 from diagnostics.store.validation import content_problem
 
 DEFAULT_DB = Path(__file__).resolve().parents[2] / "data" / "runs.duckdb"
@@ -143,7 +144,7 @@ def _summary_from_positions(con: duckdb.DuckDBPyConnection, run_id: str) -> dict
             "mean_tv_target": mean_tv, "mean_tv_baseline": mean_baseline, "max_tv_target": max_tv}
 
 
-class Store:
+class Store(TreeTables):
     """A DuckDB file of runs. Every method opens and closes its own short connection."""
 
     def __init__(self, path: str | Path | None = None, *, read_only: bool = False, lock_wait_s: float = LOCK_WAIT_S) -> None:
@@ -373,6 +374,8 @@ class Store:
             con.execute("BEGIN TRANSACTION")
             con.execute(f"DELETE FROM positions WHERE run_id IN ({marks})", run_ids)
             con.execute(f"DELETE FROM audits WHERE run_id IN ({marks})", run_ids)
+            con.execute(f"DELETE FROM tree_nodes WHERE run_id IN ({marks})", run_ids)
+            con.execute(f"DELETE FROM tree_rounds WHERE run_id IN ({marks})", run_ids)
             removed = con.execute(f"DELETE FROM runs WHERE run_id IN ({marks}) RETURNING run_id", run_ids).fetchall()
             con.execute("COMMIT")
         return len(removed)
@@ -492,6 +495,8 @@ class RunWriter:
         self.batch_size = batch_size
         self.max_age_s = max_age_s
         self._buffer: list[PositionRecord] = []
+        self._rounds: list[dict[str, Any]] = []
+        self._nodes: list[dict[str, Any]] = []
         self._since = time.monotonic()
 
     def add(self, record: PositionRecord) -> None:
@@ -499,9 +504,18 @@ class RunWriter:
         if len(self._buffer) >= self.batch_size or time.monotonic() - self._since >= self.max_age_s:
             self.flush()
 
+    def add_round(self, round_record: Any, node_records: list[Any]) -> None:
+        """A tree round and its nodes (``tree_engine.RoundRecord``, ``NodeRecord``), written with the positions."""
+        self._rounds.append(round_record.as_dict())
+        self._nodes.extend(node.as_dict() for node in node_records)
+
     def flush(self) -> None:
         self.store.add_positions(self.run_id, self._buffer)
         self._buffer = []
+        if self._rounds or self._nodes:
+            rounds, nodes = self._rounds, self._nodes
+            self._rounds, self._nodes = [], []
+            self.store.add_tree_rounds(self.run_id, rounds, nodes)
         self._since = time.monotonic()
 
     def finish(self, status: str, summary: dict[str, Any] | None = None, error: str | None = None) -> None:
@@ -518,7 +532,7 @@ class RunWriter:
             self.flush()
         except StoreError as failure:
             problem = str(failure)
-            self._buffer = []
+            self._buffer, self._rounds, self._nodes = [], [], []
         try:
             self.store.finish_run(self.run_id, status, summary, error)
         except StoreError as failure:

@@ -14,8 +14,9 @@ import pyarrow as pa
 
 from diagnostics.engine import PositionRecord
 
-SCHEMA_VERSION = 2
-# Read-only opens accept files this old: newer schemas only added tables, read as empty.
+SCHEMA_VERSION = 3
+# Read-only opens accept files this old: newer schemas only added tables (read as empty) and
+# trailing columns (read as NULL).
 OLDEST_READABLE = 1
 STATUSES = ("running", "complete", "interrupted", "failed")
 KINDS = ("accepted", "rejected", "bonus")
@@ -59,7 +60,12 @@ RUN_COLUMNS: dict[str, str] = {
     "divergence_position": "INTEGER",
     "software_version": "VARCHAR",
     "writer": "VARCHAR",
+    "tree": "VARCHAR",  # schema 3: the tree shape ("3,2,1", "budget 16, depth 5"); NULL for a chain
+    "tree_children": "VARCHAR",  # schema 3: top, sample or sample-distinct
 }
+# Columns schema 3 appended; files of schema 1 and 2 lack them.
+RUN_COLUMNS_ADDED_IN_3 = ("tree", "tree_children")
+POSITION_COLUMNS_ADDED_IN_3 = ("tree_node",)
 
 POSITION_COLUMNS: dict[str, str] = {
     "run_id": "VARCHAR",
@@ -95,6 +101,7 @@ POSITION_COLUMNS: dict[str, str] = {
     "q_tail": "DOUBLE",
     "token_text": "VARCHAR",
     "draft_text": "VARCHAR",
+    "tree_node": "INTEGER",  # schema 3: the node (−1 the root) whose children decided the position
 }
 POSITIONS_KEY = ", PRIMARY KEY (run_id, position)"
 ARROW_POSITIONS = pa.schema(
@@ -124,6 +131,37 @@ AUDIT_COLUMNS: dict[str, str] = {
 }
 
 
+TREE_ROUND_COLUMNS: dict[str, str] = {
+    "run_id": "VARCHAR",
+    "block": "INTEGER",
+    "position": "INTEGER",  # the round's first output position
+    "nodes": "INTEGER",
+    "depth": "INTEGER",
+    "expected_tokens": "DOUBLE",  # exact, given the drafted tree
+    "emitted": "INTEGER",
+    "accepted": "INTEGER",
+}
+TREE_NODE_COLUMNS: dict[str, str] = {
+    "run_id": "VARCHAR",
+    "block": "INTEGER",
+    "node": "INTEGER",
+    "parent": "INTEGER",  # −1: the root (the last committed token)
+    "depth": "INTEGER",
+    "sibling": "INTEGER",  # the order in which the parent tries its children
+    "token": "INTEGER",
+    "q_token": "DOUBLE",
+    "u_draft": "DOUBLE",
+    "p_token": "DOUBLE",
+    "residual": "DOUBLE",
+    "accept_prob": "DOUBLE",
+    "u_accept": "DOUBLE",
+    "decision": "VARCHAR",  # accepted, refused or untried
+    "reach": "DOUBLE",
+    "token_text": "VARCHAR",
+}
+NODE_DECISIONS = ("accepted", "refused", "untried")
+
+
 def create_statement(table: str, columns: dict[str, str], suffix: str = "") -> str:
     return f"CREATE TABLE IF NOT EXISTS {table} (" + ", ".join(f"{name} {sql}" for name, sql in columns.items()) + suffix + ")"
 
@@ -133,16 +171,31 @@ CREATE = {
     "runs": create_statement("runs", RUN_COLUMNS),
     "positions": create_statement("positions", POSITION_COLUMNS, POSITIONS_KEY),
     "audits": create_statement("audits", AUDIT_COLUMNS),
+    "tree_rounds": create_statement("tree_rounds", TREE_ROUND_COLUMNS, ", PRIMARY KEY (run_id, block)"),
+    "tree_nodes": create_statement("tree_nodes", TREE_NODE_COLUMNS, ", PRIMARY KEY (run_id, block, node)"),
 }
 # Migrations from version N to N + 1, applied in order to older files.
-MIGRATIONS: dict[int, list[str]] = {1: [CREATE["audits"]]}
+MIGRATIONS: dict[int, list[str]] = {
+    1: [CREATE["audits"]],
+    2: [*(f"ALTER TABLE runs ADD COLUMN {name} {RUN_COLUMNS[name]}" for name in RUN_COLUMNS_ADDED_IN_3),
+        *(f"ALTER TABLE positions ADD COLUMN {name} {POSITION_COLUMNS[name]}" for name in POSITION_COLUMNS_ADDED_IN_3),
+        CREATE["tree_rounds"], CREATE["tree_nodes"]],
+}
 
 
 def tables_of(version: int) -> dict[str, dict[str, str]]:
     """The tables (and their columns) a file of schema ``version`` has."""
-    tables = {"meta": META_COLUMNS, "runs": RUN_COLUMNS, "positions": POSITION_COLUMNS}
+    if version >= 3:
+        runs, positions = RUN_COLUMNS, POSITION_COLUMNS
+    else:
+        runs = {name: sql for name, sql in RUN_COLUMNS.items() if name not in RUN_COLUMNS_ADDED_IN_3}
+        positions = {name: sql for name, sql in POSITION_COLUMNS.items() if name not in POSITION_COLUMNS_ADDED_IN_3}
+    tables = {"meta": META_COLUMNS, "runs": runs, "positions": positions}
     if version >= 2:
         tables["audits"] = AUDIT_COLUMNS
+    if version >= 3:
+        tables["tree_rounds"] = TREE_ROUND_COLUMNS
+        tables["tree_nodes"] = TREE_NODE_COLUMNS
     return tables
 
 

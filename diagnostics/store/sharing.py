@@ -17,7 +17,13 @@ from pathlib import Path
 import duckdb
 
 from diagnostics.store.core import Store, StoreError
-from diagnostics.store.schema import POSITION_COLUMNS, RUN_COLUMNS, sql_type
+from diagnostics.store.schema import (
+    POSITION_COLUMNS,
+    POSITION_COLUMNS_ADDED_IN_3,
+    RUN_COLUMNS,
+    RUN_COLUMNS_ADDED_IN_3,
+    sql_type,
+)
 
 
 @dataclass(frozen=True)
@@ -87,6 +93,8 @@ def export_runs(store: Store, run_ids: list[str], path: str | Path, fmt: str = "
         positions = con.sql(f"SELECT * FROM positions WHERE run_id IN ({marks}) ORDER BY run_id, position", params=run_ids).to_arrow_table()
         audits = (con.sql(f"SELECT * FROM audits WHERE run_id IN ({marks})", params=run_ids).to_arrow_table()
                   if store._has_audits(con) else None)
+        trees = ([con.sql(f"SELECT * FROM {table} WHERE run_id IN ({marks})", params=run_ids).to_arrow_table()
+                  for table in ("tree_rounds", "tree_nodes")] if store._has_tree_tables(con) else None)
     if fmt == "duckdb":
         target = Store(path)
         with target.connect() as con:
@@ -97,6 +105,10 @@ def export_runs(store: Store, run_ids: list[str], path: str | Path, fmt: str = "
             if audits is not None:  # the audits of the exported runs travel with them
                 con.register("incoming_audits", audits)
                 con.execute("INSERT INTO audits SELECT * FROM incoming_audits")
+            if trees is not None:  # and the rounds and nodes of tree runs
+                for table, rows in zip(("tree_rounds", "tree_nodes"), trees):
+                    con.register(f"incoming_{table}", rows)
+                    con.execute(f"INSERT INTO {table} SELECT * FROM incoming_{table}")
         return path
     import pyarrow.parquet as pq
 
@@ -109,6 +121,14 @@ def export_runs(store: Store, run_ids: list[str], path: str | Path, fmt: str = "
     return path
 
 
+_OPTIONAL = (*POSITION_COLUMNS_ADDED_IN_3, *(f"run.{name}" for name in RUN_COLUMNS_ADDED_IN_3))
+
+
+def _select(columns: list[str], present: set[str], prefix: str = "") -> str:
+    """``"prefix.name" AS name`` for each column, ``NULL AS name`` where an older export lacks it."""
+    return ", ".join(f'"{prefix}{name}" AS {name}' if f"{prefix}{name}" in present else f"NULL AS {name}" for name in columns)
+
+
 def _parquet_problem(table) -> str | None:
     """Why a Parquet table is not this tool's export (missing or mistyped columns), or ``None``."""
     with duckdb.connect() as con:
@@ -116,6 +136,9 @@ def _parquet_problem(table) -> str | None:
         types = {name: kind for name, kind, *_ in con.execute("DESCRIBE shared").fetchall()}
     expected = {**{name: sql_type(sql) for name, sql in POSITION_COLUMNS.items()},
                 **{f"run.{name}": sql_type(sql) for name, sql in RUN_COLUMNS.items()}}
+    for name in _OPTIONAL:  # columns that exports of older versions lack: read as NULL
+        if name not in types:
+            expected.pop(name)
     missing = [name for name in expected if name not in types]
     if missing:
         return f"it lacks the column {missing[0]!r}" + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")
@@ -148,9 +171,9 @@ def import_runs(source: str | Path, destination: str | Path) -> Store:
     try:
         with rebuilt.connect() as con:
             con.register("shared", table)
-            run_columns = ", ".join(f'"run.{name}" AS {name}' for name in RUN_COLUMNS)
-            con.execute(f"INSERT INTO runs SELECT DISTINCT {run_columns} FROM shared")
-            con.execute(f"INSERT INTO positions SELECT {', '.join(POSITION_COLUMNS)} FROM shared")
+            present = set(table.column_names)
+            con.execute(f"INSERT INTO runs SELECT DISTINCT {_select(list(RUN_COLUMNS), present, 'run.')} FROM shared")
+            con.execute(f"INSERT INTO positions SELECT {_select(list(POSITION_COLUMNS), present)} FROM shared")
         return Store(destination, read_only=True)
     except StoreError as error:
         destination.unlink(missing_ok=True)

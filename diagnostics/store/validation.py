@@ -15,7 +15,7 @@ from typing import Any
 
 import duckdb
 
-from diagnostics.store.schema import KINDS, STATUSES
+from diagnostics.store.schema import KINDS, NODE_DECISIONS, STATUSES
 
 # (what is wrong, a query returning one example row when it is) for runs and positions.
 _RUN_CHECKS: list[tuple[str, str]] = [
@@ -53,6 +53,25 @@ _POSITION_CHECKS: list[tuple[str, str]] = [
      "OR len(p_top_ids) <> len(p_top_probs) OR (q_top_ids IS NULL) <> (q_top_probs IS NULL) "
      "OR len(q_top_ids) <> len(q_top_probs) LIMIT 1"),
 ]
+_TREE_CHECKS: list[tuple[str, str]] = [
+    ("tree rounds of run {0} belong to no run", "SELECT run_id FROM tree_rounds ANTI JOIN runs USING (run_id) LIMIT 1"),
+    ("tree nodes of run {0} belong to no run", "SELECT run_id FROM tree_nodes ANTI JOIN runs USING (run_id) LIMIT 1"),
+    ("a tree node row has no run id, round, node, parent, depth or token",
+     "SELECT run_id FROM tree_nodes WHERE run_id IS NULL OR block IS NULL OR node IS NULL OR parent IS NULL "
+     "OR depth IS NULL OR token IS NULL LIMIT 1"),
+    ("run {0} has tree node {2} of round {1} whose parent is not an earlier node",
+     "SELECT run_id, block, node FROM tree_nodes WHERE parent < -1 OR parent >= node OR node < 0 OR depth < 1 "
+     "OR token < 0 OR sibling < 0 LIMIT 1"),
+    ("run {0} has a tree node of unknown decision {1!r}",
+     "SELECT run_id, decision FROM tree_nodes WHERE decision NOT IN ({decisions}) LIMIT 1"),
+    ("run {0} has a probability outside [0, 1] in tree round {1}",
+     "SELECT run_id, block FROM tree_nodes WHERE "
+     + " OR ".join(f"NOT ({column} BETWEEN -1e-9 AND 1 + 1e-9)" for column in
+                   ("q_token", "u_draft", "p_token", "residual", "accept_prob", "u_accept", "reach")) + " LIMIT 1"),
+    ("run {0} has a tree round with negative counts",
+     "SELECT run_id FROM tree_rounds WHERE nodes < 0 OR depth < 0 OR emitted < 0 OR accepted < 0 "
+     "OR NOT (expected_tokens >= 0) LIMIT 1"),
+]
 _AUDIT_CHECKS: list[tuple[str, str]] = [
     ("an audit has no id, layer, verdict or evidence",
      "SELECT audit_id FROM audits WHERE audit_id IS NULL OR layer IS NULL OR verdict IS NULL OR evidence IS NULL LIMIT 1"),
@@ -68,7 +87,8 @@ def _quoted(values: tuple[str, ...]) -> str:
 
 def _first(con: duckdb.DuckDBPyConnection, checks: list[tuple[str, str]]) -> str | None:
     for message, sql in checks:
-        row = con.execute(sql.format(statuses=_quoted(STATUSES), kinds=_quoted(KINDS))).fetchone()
+        row = con.execute(sql.format(statuses=_quoted(STATUSES), kinds=_quoted(KINDS),
+                                     decisions=_quoted(NODE_DECISIONS))).fetchone()
         if row is not None:
             return message.format(*(str(value)[:60] for value in row))
     return None
@@ -135,7 +155,22 @@ def _audits_problem(con: duckdb.DuckDBPyConnection) -> str | None:
     return None
 
 
+def _tree_problem(con: duckdb.DuckDBPyConnection) -> str | None:
+    """Tree shapes of tree runs parse, and their rows are consistent (only in files of schema 3)."""
+    from diagnostics.tree_draft import spec_from_text
+
+    has_trees = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'tree_nodes'").fetchone()[0]
+    if not has_trees:
+        return None
+    for text, children in con.execute("SELECT DISTINCT tree, tree_children FROM runs WHERE tree IS NOT NULL").fetchall():
+        try:
+            spec_from_text(text, children)
+        except ValueError:
+            return f"a run has the unknown tree shape {str(text)[:60]!r}"
+    return _first(con, _TREE_CHECKS)
+
+
 def content_problem(con: duckdb.DuckDBPyConnection, has_audits: bool) -> str | None:
     """The first value a page or report could not show, as a phrase, or ``None``."""
     return (_first(con, _RUN_CHECKS) or _run_values_problem(con) or _first(con, _POSITION_CHECKS)
-            or (_audits_problem(con) if has_audits else None))
+            or _tree_problem(con) or (_audits_problem(con) if has_audits else None))

@@ -1,0 +1,231 @@
+"""The tree loop: draft a tree, verify every node in one target forward, walk it, keep the path.
+
+One round (``diagnostics.tree_draft``, ``diagnostics.tree_walk``):
+
+1. the drafter grows a tree below the last committed token;
+2. the target scores the root and every node in one forward under a tree attention mask
+   (``position_ids = prefix length − 1 + depth``), so row ``i + 1`` is ``p`` after the path to
+   node ``i``;
+3. the walk tries each node's children in order with per-sibling coins and emits one token per
+   depth reached, then a fallback (all children refused) or a bonus (accepted leaf);
+4. both KV caches keep the prefix and the accepted path's rows, in order (gather, then crop).
+
+Records: one ``PositionRecord`` per emitted position with the exact law of the node it was drawn
+at (``TreeRule.induced``, or ``p`` for lossless), one ``NodeRecord`` per drafted node (parent,
+depth, sibling, ``q`` and ``p`` of its token, ``a``, the coin, the decision, the exact
+probability the walk accepts it), and one ``RoundRecord`` per round with the exact expected
+number of tokens beside the number emitted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from diagnostics.drafters import NgramDrafter, fit_vocabulary
+from diagnostics.engine import CORRECT, EngineError, EngineSeams, PositionRecord, Run, _decode_one, _top
+from diagnostics.metrics import entropy, kl_divergence, overshoot_mass, total_variation
+from diagnostics.models import LoadedModel
+from diagnostics.policy import Policy
+from diagnostics.rng import uniform_scalar
+from diagnostics.rules import Rule
+from diagnostics.tree_draft import DraftTree, TreeSpec
+from diagnostics.tree_walk import Decision, NodeSteps, Walk, expected_tokens, reach_probabilities, walk
+
+
+@dataclass
+class NodeRecord:
+    """One drafted node of one round. ``p_token``: the target's ``p`` of the token at its parent;
+    ``residual``: ``r_j`` of the token when its turn came (or would come); ``accept_prob``: ``a_j``;
+    ``decision``: ``accepted``, ``refused`` or ``untried``; ``reach``: the exact probability that
+    the walk accepts this node."""
+
+    block: int
+    node: int
+    parent: int
+    depth: int
+    sibling: int
+    token: int
+    q_token: float | None
+    u_draft: float | None
+    p_token: float
+    residual: float | None
+    accept_prob: float | None
+    u_accept: float | None
+    decision: str
+    reach: float
+    token_text: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class RoundRecord:
+    """One round: its first output position, the tree's size and depth, the exact expected number
+    of emitted tokens given the drafted tree, and how many were emitted and accepted."""
+
+    block: int
+    position: int
+    nodes: int
+    depth: int
+    expected_tokens: float
+    emitted: int
+    accepted: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def generate_tree(
+    loaded: LoadedModel,
+    drafter: Any,
+    rule: Rule,
+    spec: TreeSpec,
+    prompt: list[int],
+    *,
+    max_new_tokens: int,
+    seed: int,
+    policy: Policy,
+    draft_policy: Policy,
+    eos: set[int],
+    record: bool = True,
+    top_k_record: int = 20,
+    on_record: Callable[[PositionRecord], None] | None = None,
+    on_round: Callable[[RoundRecord, list[NodeRecord]], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    seams: EngineSeams = CORRECT,
+) -> Run:
+    """Generate with tree verification (``engine.generate`` with a tree calls this)."""
+    if not hasattr(drafter, "propose_tree"):
+        raise EngineError(f"the drafter {getattr(drafter, 'name', drafter)!r} cannot draft trees; use early-exit:L, model:ID or ngram:N")
+    if isinstance(drafter, NgramDrafter) and spec.children != "top":
+        raise EngineError("n-gram drafts are deterministic; use --tree-children top with an n-gram drafter")
+    vocab = loaded.vocab_size
+    scorer = seams.scorer(loaded)
+    run = Run(tokens=[], records=[], prompt_ids=prompt, rule=rule.spec, draft=drafter.name, gamma=0, seed=seed,
+              policy=policy, draft_policy=draft_policy, tree=spec)
+    committed = list(prompt)
+    start = time.perf_counter()
+    while len(run.tokens) < max_new_tokens:
+        if should_stop is not None and should_stop():
+            run.status, run.stop_reason = "interrupted", "stopped"
+            break
+        position = len(run.tokens)
+        budget = max_new_tokens - position
+
+        def uniform(depth: int, index: int, _position: int = position) -> float:
+            return uniform_scalar(seed, _position + depth - 1, "draft", index)
+
+        draft = drafter.propose_tree(committed, spec.limited(budget), uniform, vocab, eos)
+        logits = fit_vocabulary(scorer.score_tree(committed, draft.tree), vocab)
+        p_laws = seams.target_laws(logits, policy, len(draft.tree.tokens))
+        steps = seams.tree_steps(rule, draft, p_laws, spec.children)
+        result = walk(rule, draft, p_laws, steps, seed, position, eos, budget)
+        reach = reach_probabilities(draft, steps)
+        round_ = RoundRecord(block=run.blocks, position=position, nodes=len(draft.tree.tokens),
+                             depth=max(draft.tree.depths, default=0),
+                             expected_tokens=expected_tokens(draft, reach, eos, budget),
+                             emitted=len(result.decisions), accepted=len(result.path))
+        if record:
+            _keep_records(run, rule, draft, p_laws, steps, result, reach, round_, loaded.tokenizer, top_k_record,
+                          on_record, on_round)
+        run.blocks += 1
+        run.drafted += len(draft.tree.tokens)
+        run.accepted += len(result.path)
+        run.verified += sum(1 for decision in result.decisions if decision.kind != "bonus")
+        scorer.keep_path(len(committed), draft.tree, result.path)
+        drafter.commit_tree(len(committed), draft, result.path)
+        committed.extend(result.tokens)
+        run.tokens.extend(result.tokens)
+        if result.finished:
+            run.stop_reason = "eos"
+            break
+    run.time_s = time.perf_counter() - start
+    if loaded.tokenizer is not None:
+        run.text = loaded.tokenizer.decode(run.tokens, skip_special_tokens=True)
+    return run
+
+
+def _keep_records(run: Run, rule: Rule, draft: DraftTree, p_laws: torch.Tensor, steps: dict[int, NodeSteps],
+                  result: Walk, reach: list[float], round_: RoundRecord, tokenizer: Any, top_k_record: int,
+                  on_record: Callable[[PositionRecord], None] | None,
+                  on_round: Callable[[RoundRecord, list[NodeRecord]], None] | None) -> None:
+    nodes = node_records(run.blocks, draft, p_laws, steps, result, reach, tokenizer)
+    run.rounds.append(round_)
+    run.nodes.extend(nodes)
+    if on_round is not None:
+        on_round(round_, nodes)
+    for index, decision in enumerate(result.decisions):
+        position_record = _position_record(run.blocks, round_.position + index, index, rule, draft, p_laws, steps,
+                                           decision, tokenizer, top_k_record)
+        run.records.append(position_record)
+        if on_record is not None:
+            on_record(position_record)
+
+
+def node_records(block: int, draft: DraftTree, p_laws: torch.Tensor, steps: dict[int, NodeSteps], result: Walk,
+                 reach: list[float], tokenizer: Any) -> list[NodeRecord]:
+    """One record per drafted node, in breadth-first order."""
+    records = []
+    depths = draft.tree.depths
+    for node, (parent, token) in enumerate(zip(draft.tree.parents, draft.tree.tokens)):
+        at = steps[parent]
+        sibling = at.children.index(node)
+        tried = result.tried.get(node)
+        decision = "untried" if tried is None else ("accepted" if tried[1] else "refused")
+        records.append(NodeRecord(
+            block=block, node=node, parent=parent, depth=depths[node], sibling=sibling, token=token,
+            q_token=draft.q_token[node], u_draft=draft.u_draft[node], p_token=float(p_laws[parent + 1, token]),
+            residual=at.residual[sibling], accept_prob=at.accept[sibling], u_accept=None if tried is None else tried[0],
+            decision=decision, reach=reach[node], token_text=_decode_one(tokenizer, token),
+        ))
+    return records
+
+
+def _position_record(block: int, position: int, index: int, rule: Rule, draft: DraftTree, p_laws: torch.Tensor,
+                     steps: dict[int, NodeSteps], decision: Decision, tokenizer: Any, top_k_record: int) -> PositionRecord:
+    """The record of one emitted position, with the exact law of the node it was drawn at."""
+    row = decision.node + 1
+    p_row = p_laws[row]
+    law = decision.law
+    p_ids, p_probs, p_tail = _top(p_row, top_k_record)
+    values: dict[str, Any] = {
+        "entropy_p": entropy(p_row).item(),
+        "tv_target": total_variation(law, p_row).item(),
+        "tv_baseline": total_variation(law, rule.baseline(p_row)).item(),
+        "kl_target": kl_divergence(law, p_row).item(),
+    }
+    allowed = rule.allowed_set(p_row)
+    if allowed is not None:
+        values["allowed_size"] = int(allowed.sum())
+        values["allowed_mass"] = float((p_row * allowed).sum())
+    draft_fields: dict[str, Any] = {"draft_token": None, "p_draft": None, "q_draft": None, "accept_prob": None,
+                                    "u_draft": None, "u_accept": None}
+    if decision.kind != "bonus":
+        at = steps[decision.node]
+        survive = 1.0
+        for a_value in at.accept:
+            survive *= 1.0 - a_value
+        child = decision.child
+        draft_token = draft.tree.tokens[child]
+        q_row = draft.q_laws[row]
+        q_ids, q_probs, q_tail = _top(q_row, top_k_record)
+        draft_fields = {
+            "draft_token": draft_token, "p_draft": float(p_row[draft_token]), "q_draft": draft.q_token[child],
+            "accept_prob": decision.accept_prob, "u_draft": draft.u_draft[child], "u_accept": decision.u_accept,
+            "draft_text": _decode_one(tokenizer, draft_token),
+            "q_top_ids": q_ids, "q_top_probs": q_probs, "q_tail": q_tail,
+        }
+        values.update(alpha=1.0 - survive, tv_pq=total_variation(p_row, q_row).item(), entropy_q=entropy(q_row).item(),
+                      overshoot=overshoot_mass(p_row, q_row).item())
+    return PositionRecord(
+        position=position, block=block, index_in_block=index, kind=decision.kind, token=decision.token,
+        p_token=float(p_row[decision.token]), u_fallback=decision.u_fallback,
+        p_top_ids=p_ids, p_top_probs=p_probs, p_tail=p_tail, token_text=_decode_one(tokenizer, decision.token),
+        tree_node=decision.node, **draft_fields, **values,
+    )
