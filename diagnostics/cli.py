@@ -71,6 +71,16 @@ def _add_generation_options(parser: argparse.ArgumentParser, replayable: bool = 
                         help="model:ID_OR_PATH, early-exit:LAYER, ngram:N or none (plain decoding); "
                              f"default {DEFAULT_EARLY_EXIT} for the embedded target")
     parser.add_argument("--gamma", type=int, default=RunRequest.gamma, help="draft tokens per block")
+    parser.add_argument("--tree", default=None, metavar="K1,K2,…",
+                        help="draft a token tree per round instead of a chain: each node at depth i gets Ki children "
+                             "(e.g. 3,2,1); one target forward verifies every node (off when not given)")
+    parser.add_argument("--tree-budget", type=int, default=None, metavar="N",
+                        help="a dynamic tree instead: the N draft nodes of highest path probability (EAGLE-2 style)")
+    parser.add_argument("--tree-depth", type=int, default=None, metavar="D",
+                        help="depth of a --tree-budget tree (default 5)")
+    parser.add_argument("--tree-children", default="top", choices=["top", "sample", "sample-distinct"],
+                        help="a node's children: the draft's top tokens (EAGLE), i.i.d. draws from q (SpecInfer), "
+                             "or draws without replacement (Sequoia)")
     parser.add_argument("--max-new-tokens", type=int, default=RunRequest.max_new_tokens, help="token budget of the generation")
     parser.add_argument("--temperature", type=float, default=1.0, help="policy temperature; 0 means greedy")
     parser.add_argument("--top-k", type=int, default=None, help="keep the K most likely tokens (off when not given)")
@@ -129,6 +139,11 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--generations", type=int, default=None, help="engine level: seeded generations (default 800 tiny, 40 real)")
     audit.add_argument("--max-new-tokens", type=int, default=None, help="engine level: tokens per generation (default 12 tiny, 16 real)")
     audit.add_argument("--gamma", type=int, default=3, help="engine level: draft tokens per block")
+    audit.add_argument("--tree", default=None, metavar="K1,K2,…",
+                       help="engine level: audit the tree engine with this shape (e.g. 3,2,1); --engine ours or a planted "
+                            "tree bug (" + ", ".join(_mutant_names("tree")) + ")")
+    audit.add_argument("--tree-children", default="top", choices=["top", "sample", "sample-distinct"],
+                       help="engine level with --tree: how each node's children are drafted")
     audit.add_argument("--temperature", type=float, default=None, help="engine level: the policy (default 1)")
     audit.add_argument("--top-k", type=int, default=None, help="engine level: top-k of the policy (off when not given)")
     audit.add_argument("--top-p", type=float, default=None, help="engine level: top-p of the policy (off when not given)")
@@ -154,7 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _mutant_names(layer: str) -> list[str]:
     from diagnostics.audit import ENGINE_MUTANTS, RULE_MUTANTS
 
-    return list(RULE_MUTANTS if layer == "rule" else ENGINE_MUTANTS)
+    from diagnostics.audit.mutants import TREE_MUTANTS
+
+    return list({"rule": RULE_MUTANTS, "tree": TREE_MUTANTS}.get(layer, ENGINE_MUTANTS))
 
 
 
@@ -172,6 +189,8 @@ def _run_json(run_id: str, run: Any, db: str) -> str:
         "status": run.status,
         "rule": run.rule,
         "draft": run.draft,
+        "tree": run.tree.text if run.tree is not None else None,
+        "tree_children": run.tree.children if run.tree is not None else None,
         "tokens": len(run.tokens),
         "acceptance_rate": summary["acceptance_rate"],
         "block_efficiency": summary["block_efficiency"],
@@ -236,7 +255,9 @@ def _request(args: argparse.Namespace, rule: str):
     if args.draft_temperature is not None:
         draft_policy = Policy(temperature=args.draft_temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, eta=args.eta)
     return RunRequest(prompt=args.prompt, rule=rule, draft=args.draft, gamma=args.gamma, max_new_tokens=args.max_new_tokens,
-                      seed=args.seed, policy=policy, draft_policy=draft_policy, raw=args.raw, top_k_record=args.top_k_record)
+                      seed=args.seed, policy=policy, draft_policy=draft_policy, raw=args.raw, top_k_record=args.top_k_record,
+                      tree=args.tree, tree_children=args.tree_children, tree_budget=args.tree_budget,
+                      tree_depth=args.tree_depth)
 
 
 def _prepare(args: argparse.Namespace, rules: list[str]):
@@ -245,14 +266,14 @@ def _prepare(args: argparse.Namespace, rules: list[str]):
     from diagnostics.store import Store
 
     requests = [_request(args, rule) for rule in rules]
-    for request in requests:
-        request.validate()
-    if args.draft is None:
-        if args.target != "default":
-            raise ValueError("pass --draft (model:ID_OR_PATH, early-exit:LAYER, ngram:N) or --draft none for plain decoding")
+    if args.draft is None and args.target == "default":
         args.draft = DEFAULT_EARLY_EXIT
         for request in requests:
             request.draft = DEFAULT_EARLY_EXIT
+    for request in requests:
+        request.validate()
+    if args.draft is None:
+        raise ValueError("pass --draft (model:ID_OR_PATH, early-exit:LAYER, ngram:N) or --draft none for plain decoding")
     if args.draft.strip().lower() in ("none", "plain"):
         for request in requests:
             request.draft = None
@@ -281,7 +302,7 @@ def _command_run(args: argparse.Namespace) -> int:
 
 # Options that say how to generate: a replay takes them from the stored run, so typing one is a mistake.
 _REPLAYED_OPTIONS = ("prompt", "rule", "target", "draft", "gamma", "max_new_tokens", "temperature", "top_k", "top_p",
-                     "min_p", "eta", "draft_temperature", "seed", "raw")
+                     "min_p", "eta", "draft_temperature", "seed", "raw", "tree", "tree_budget", "tree_depth", "tree_children")
 
 
 def _command_replay(args: argparse.Namespace) -> int:
@@ -390,6 +411,8 @@ def _command_audit(args: argparse.Namespace) -> int:
         raise AuditError(f"--real-positions must be >= 0 (real positions to add to the battery), got {args.real_positions}")
     if args.early_exit is not None and args.early_exit < 1:
         raise AuditError(f"--early-exit must be >= 1 (the draft's layers), got {args.early_exit}")
+    if args.tree and not (args.engine or args.all):
+        raise AuditError("--tree audits the tree engine: add --engine ours (or a planted tree bug), or --all")
     if args.run:
         results = [_audit_recorded(args)]
     elif args.engine:
@@ -445,11 +468,20 @@ def _audit_engine(args: argparse.Namespace, implementation: str, setup=None) -> 
     generations = default_generations if args.generations is None else args.generations
     max_new_tokens = default_tokens if args.max_new_tokens is None else args.max_new_tokens
     check_budget(generations, max_new_tokens, args.gamma)  # before loading any model
+    tree = _audit_tree(args)
     result = run_engine_audit(
         implementation, setup or _setup(args), generations=generations, max_new_tokens=max_new_tokens,
         gamma=args.gamma, policy=_policy(args), level=args.level, first_seed=args.seed, progress=_progress(implementation),
+        tree=tree,
     )
     return result.as_dict()
+
+
+def _audit_tree(args: argparse.Namespace):
+    """The ``--tree`` shape of an engine audit (``None``: the chain engine), checked before any model loads."""
+    from diagnostics.tree_draft import parse_tree
+
+    return parse_tree(args.tree, children=args.tree_children) if args.tree else None
 
 
 def _audit_rule(args: argparse.Namespace, implementation: str, real_pairs: list | None = None) -> dict:
@@ -469,6 +501,10 @@ def _audit_all(args: argparse.Namespace) -> list[dict]:
     setup = _setup(args)
     real_pairs = real_positions(setup, args.real_positions) if args.real_positions else None
     results = [_audit_rule(args, name, real_pairs) for name in RULE_IMPLEMENTATIONS]
+    if args.tree:  # the tree engine and its planted bugs instead of the chain engine's
+        from diagnostics.audit.suite import TREE_IMPLEMENTATIONS
+
+        return results + [_audit_engine(args, name, setup) for name in TREE_IMPLEMENTATIONS]
     results += [_audit_engine(args, name, setup) for name in ENGINE_IMPLEMENTATIONS]
     return results
 

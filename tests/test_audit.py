@@ -271,3 +271,29 @@ def test_audit_command_on_a_local_model_folder(tmp_path, capsys) -> None:
     assert main(["audit", "--engine", "ours", "--target", folder, "--generations", "30", "--max-new-tokens", "6"]) == 0
     engine = json.loads(capsys.readouterr().out)
     assert engine["verdict"] == "pass" and engine["settings"]["draft"] == "early-exit:1" and engine["generations"] == 30
+
+
+def test_tree_engine_audit_passes_ours_and_fails_each_planted_tree_bug(capsys) -> None:
+    """``audit --engine ours --tree 3,2,1`` passes; each planted tree bug fails the same audit (the
+    unzeroed sibling shows most on a wide node, hence 6,1 for it)."""
+    import json
+
+    from diagnostics.audit.mutants import TREE_MUTANTS
+    from diagnostics.audit.suite import run_engine_audit, tiny_setup
+    from diagnostics.cli import main
+    from diagnostics.tree_draft import parse_tree
+
+    assert main(["audit", "--engine", "ours", "--tree", "3,2,1"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["verdict"] == "pass" and result["settings"]["tree"] == "3,2,1" and result["impossible"] == 0
+    setup = tiny_setup()
+    for name in TREE_MUTANTS:
+        shape = "6,1" if name == "sibling_not_zeroed" else "3,2,1"
+        planted = run_engine_audit(name, setup, generations=400, tree=parse_tree(shape))
+        assert planted.verdict == "fail" and min(planted.p_value, planted.worst_position_p or 1.0) < 1e-6, (name, planted.reasons)
+    assert main(["audit", "--engine", "transformers", "--tree", "3,2,1"]) == 2
+    assert "cannot be audited with --tree" in capsys.readouterr().err
+    assert main(["audit", "--engine", "flat_position_ids"]) == 2
+    assert "audit it with --tree" in capsys.readouterr().err
+    assert main(["audit", "--tree", "3,2,1"]) == 2
+    assert "--tree audits the tree engine" in capsys.readouterr().err

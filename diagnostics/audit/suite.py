@@ -14,13 +14,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from diagnostics.audit.engine_level import EngineAudit, audit_generator, engine_generator, transformers_generator
-from diagnostics.audit.mutants import ENGINE_MUTANT_POLICY, ENGINE_MUTANTS, RULE_MUTANTS
+from diagnostics.audit.mutants import ENGINE_MUTANT_POLICY, ENGINE_MUTANTS, RULE_MUTANTS, TREE_MUTANTS
 from diagnostics.audit.rule_level import RuleAudit, audit_rule, battery, model_pairs, rule_adapter, transformers_adapter
 from diagnostics.engine import CORRECT
 from diagnostics.policy import Policy
+from diagnostics.tree_draft import TreeSpec
 
 RULE_IMPLEMENTATIONS = ["ours", "transformers", *RULE_MUTANTS]
 ENGINE_IMPLEMENTATIONS = ["ours", "transformers", *ENGINE_MUTANTS]
+TREE_IMPLEMENTATIONS = ["ours", *TREE_MUTANTS]  # with --tree: transformers has no tree verification
 TINY = "tiny"
 DEFAULT_PROMPT = "Tell me a short story about a robot who learns to paint."
 DEFAULT_EARLY_EXIT_LAYER = 26  # the Run page's default draft for the embedded model
@@ -51,7 +53,10 @@ def describe(implementation: str) -> str:
         return f"planted bug (rule level): {RULE_MUTANTS[implementation][0]}"
     if implementation in ENGINE_MUTANTS:
         return f"planted bug (engine level): {ENGINE_MUTANTS[implementation][0]}"
-    raise AuditError(f"unknown implementation {implementation!r}; use one of {', '.join(dict.fromkeys(RULE_IMPLEMENTATIONS + ENGINE_IMPLEMENTATIONS))}")
+    if implementation in TREE_MUTANTS:
+        return f"planted bug (tree engine, with --tree): {TREE_MUTANTS[implementation][0]}"
+    names = dict.fromkeys(RULE_IMPLEMENTATIONS + ENGINE_IMPLEMENTATIONS + TREE_IMPLEMENTATIONS)
+    raise AuditError(f"unknown implementation {implementation!r}; use one of {', '.join(names)}")
 
 
 def run_rule_audit(implementation: str = "ours", rule: str | None = None, samples: int = 60_000, level: float = 0.01,
@@ -110,11 +115,16 @@ def model_setup(target_spec: str = "default", layer: int | None = None, prompt: 
 
 def run_engine_audit(implementation: str, setup: EngineSetup, generations: int = TINY_BUDGET[0], max_new_tokens: int = TINY_BUDGET[1],
                      gamma: int = 3, policy: Policy | None = None, level: float = 0.01, first_seed: int = 0,
-                     progress: Callable[[int, int], None] | None = None) -> EngineAudit:
-    """Seeded generations ``first_seed … first_seed + generations − 1`` of a named generator, audited."""
+                     progress: Callable[[int, int], None] | None = None, tree: TreeSpec | None = None) -> EngineAudit:
+    """Seeded generations ``first_seed … first_seed + generations − 1`` of a named generator, audited.
+    With ``tree``, our tree engine (``ours``) or a planted tree bug (``TREE_MUTANTS``)."""
     check_budget(generations, max_new_tokens, gamma)
     if not 0 < level < 1:
         raise AuditError(f"--level must lie in (0, 1), got {level}")
+    if tree is not None:
+        return _tree_engine_audit(implementation, setup, generations, max_new_tokens, tree, policy, level, first_seed, progress)
+    if implementation in TREE_MUTANTS:
+        raise AuditError(f"{implementation!r} is a planted tree bug; audit it with --tree, e.g. --tree 3,2,1")
     if implementation not in ENGINE_IMPLEMENTATIONS:
         describe(implementation)
         raise AuditError(f"{implementation!r} is a rule-level planted bug; audit it without --engine")
@@ -131,6 +141,25 @@ def run_engine_audit(implementation: str, setup: EngineSetup, generations: int =
         implementation, f"planted:{implementation}")
     settings = dict(setup.description, implementation=implementation, gamma=gamma, max_new_tokens=max_new_tokens,
                     policy=policy.as_dict())
+    return audit_generator(generator, setup.target, setup.prompt_ids, range(first_seed, first_seed + generations),
+                           policy=policy, level=level, eos=setup.eos, implementation=name, settings=settings,
+                           progress=progress)
+
+
+def _tree_engine_audit(implementation: str, setup: EngineSetup, generations: int, max_new_tokens: int, tree: TreeSpec,
+                       policy: Policy | None, level: float, first_seed: int,
+                       progress: Callable[[int, int], None] | None) -> EngineAudit:
+    if implementation not in TREE_IMPLEMENTATIONS:
+        describe(implementation)
+        raise AuditError(f"{implementation!r} cannot be audited with --tree; tree implementations: {', '.join(TREE_IMPLEMENTATIONS)}")
+    policy = policy or Policy()
+    seams = TREE_MUTANTS[implementation][1] if implementation in TREE_MUTANTS else CORRECT
+    generator = engine_generator(setup.target, setup.draft, max_new_tokens, policy=policy, tree=tree,
+                                 eos_token_id=sorted(setup.eos), seams=seams)
+    name = (f"ours (lossless tree engine, {tree.text}, {tree.children} children)" if implementation == "ours"
+            else f"planted:{implementation}")
+    settings = dict(setup.description, implementation=implementation, tree=tree.text, tree_children=tree.children,
+                    max_new_tokens=max_new_tokens, policy=policy.as_dict())
     return audit_generator(generator, setup.target, setup.prompt_ids, range(first_seed, first_seed + generations),
                            policy=policy, level=level, eos=setup.eos, implementation=name, settings=settings,
                            progress=progress)

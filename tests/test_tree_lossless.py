@@ -1,0 +1,58 @@
+"""End-to-end losslessness of the tree engine, at the power of the chain test.
+
+Each setup is one children mode on a tree shape (two shapes, one three levels deep); many seeded
+generations on tiny models give the joint law of two consecutive emitted tokens, which must equal
+the target's exact law by teacher forcing (χ² at level ``LEVEL`` with ``N`` generations: power
+``≥ POWER`` against a total-variation error of 0.01, dof 15). The window (tokens 1 and 2) spans
+the first round's descent and, whenever that round emits fewer than three tokens, the second
+round, so the KV compaction between rounds is inside the test.
+
+Each planted tree bug must fail the same test: a refused sibling not zeroed before the next is
+tried, ``position_ids`` counted along the flattened tree, KV compaction that keeps a refused
+sibling's row. Their effects are large (TV ≥ 0.03), so a tenth of ``N`` rejects them.
+"""
+
+from __future__ import annotations
+
+import pytest
+from engine_sampling import Setup, exact_window_law, sample_windows
+
+from diagnostics.gof import gof_tokens, power, required_samples
+
+VOCAB = 4
+LEVEL = 1e-3
+POWER = 0.95
+N = required_samples(0.01, dof=VOCAB**2 - 1, level=LEVEL, target_power=POWER)
+
+SETUPS = {
+    "top-k children, tree 2,2,1, top-k 3 at T 0.9": Setup(draft="model", gamma=0, start=1, tree=(2, 2, 1), children="top",
+                                                          policy={"top_k": 3, "temperature": 0.9}),
+    "sampled children, tree 2,2,1": Setup(draft="model", gamma=0, start=1, tree=(2, 2, 1), children="sample"),
+    "sampled without replacement, tree 3,1": Setup(draft="model", gamma=0, start=1, tree=(3, 1), children="sample-distinct"),
+}
+
+PLANTED = {
+    "sibling_not_zeroed": Setup(draft="model", gamma=0, start=1, tree=(2, 2, 1), children="top", planted="sibling_not_zeroed"),
+    "flat_position_ids": Setup(draft="model", gamma=0, start=1, tree=(2, 2, 1), children="top", planted="flat_position_ids"),
+    "kv_keeps_refused_sibling": Setup(draft="model", gamma=0, start=1, tree=(3, 1), children="top",
+                                      planted="kv_keeps_refused_sibling"),
+}
+
+
+def test_sample_size_catches_one_percent() -> None:
+    assert power(N, 0.01, VOCAB**2 - 1, LEVEL) >= POWER
+
+
+@pytest.mark.parametrize("label", list(SETUPS))
+def test_tree_engine_is_lossless(label: str) -> None:
+    setup = SETUPS[label]
+    result = gof_tokens(sample_windows(setup, N, first_seed=0), exact_window_law(setup))
+    assert result.impossible == 0, f"{label}: emitted a window the target forbids"
+    assert result.p_value >= LEVEL, f"{label}: X²={result.statistic:.1f}, dof={result.dof}, p={result.p_value:.2e}"
+
+
+@pytest.mark.parametrize("name", list(PLANTED))
+def test_planted_tree_bug_fails(name: str) -> None:
+    setup = PLANTED[name]
+    result = gof_tokens(sample_windows(setup, N // 10, first_seed=0), exact_window_law(setup))
+    assert result.p_value < LEVEL, f"{name} passed: X²={result.statistic:.1f}, p={result.p_value:.2e}"
