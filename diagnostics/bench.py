@@ -5,6 +5,8 @@
   ``assistant_early_exit``, ``prompt_lookup_num_tokens``);
 * recording on vs off;
 * speculative vs plain decoding with each drafter;
+* trees against the chain: tokens per target forward, wall tokens/s, one tree forward against a
+  chain forward of as many tokens;
 * peak memory of recording 2,000 positions (49,152-token vocabulary).
 
 Every timed call generates exactly ``max_new_tokens`` tokens (EOS ignored on both sides) and
@@ -75,12 +77,20 @@ def run_bench(args: argparse.Namespace) -> int:
     repetitive = encode_prompt(target, REPETITIVE)
     story_ids = torch.tensor([story])
 
+    passes: dict[str, list[float]] = {}  # tokens per target forward of each labelled generator
+
     def ours(prompt: list[int], draft: object, *, temperature: float = 1.0, record: bool = False,
-             draft_policy: Policy | None = None) -> Callable[[], int]:
+             draft_policy: Policy | None = None, label: str | None = None, **shape: object) -> Callable[[], int]:
         seeds = iter(range(10**6))  # a new seed per call, as transformers draws new randomness per call
-        return lambda: len(generate(target, draft, prompt, gamma=gamma, max_new_tokens=n, seed=next(seeds),
-                                    temperature=temperature, eos_token_id=[], record=record,
-                                    draft_policy=draft_policy).tokens)
+
+        def call() -> int:
+            run = generate(target, draft, prompt, gamma=gamma, max_new_tokens=n, seed=next(seeds), temperature=temperature,
+                           eos_token_id=[], record=record, draft_policy=draft_policy, **shape)
+            if label is not None:
+                passes.setdefault(label, []).append(len(run.tokens) / run.blocks)
+            return len(run.tokens)
+
+        return call
 
     def hf(ids: torch.Tensor, **kwargs: object) -> Callable[[], int]:
         settings = {"max_new_tokens": n, "min_new_tokens": n, "pad_token_id": target.tokenizer.eos_token_id}
@@ -141,11 +151,60 @@ def run_bench(args: argparse.Namespace) -> int:
     report("greedy (T=0) ngram:3 vs plain greedy (repetitive prompt)",
            *_side_by_side(ours(repetitive, "ngram:3", temperature=0), ours(repetitive, None, temperature=0), repeat), "plain")
 
-    # 5. Peak memory of recording 2,000 positions on a 49,152-token vocabulary.
+    # 5. Trees against the chain, both lossless with early-exit drafts: tokens per target forward
+    # and wall tokens/s, and one tree forward against a chain forward of as many tokens.
+    tree_shapes = {"tree budget 4, depth 4 (4 nodes)": {"tree_budget": 4, "tree_depth": 4},
+                   "tree 3,2,1 (15 nodes, top-k children)": {"tree": (3, 2, 1)},
+                   "tree 2,2,1 sampled (8 nodes)": {"tree": (2, 2, 1), "tree_children": "sample"}}
+    if args.quick:
+        tree_shapes = dict(list(tree_shapes.items())[:2])
+    chain_label = f"chain γ={gamma}"
+    results["trees"] = {}
+    for name, shape in tree_shapes.items():
+        tree_rate, chain_rate = _side_by_side(ours(story, shell, label=name, **shape), ours(story, shell, label=chain_label), repeat)
+        report(f"lossless early-exit:{layer} {name} vs chain γ={gamma}", tree_rate, chain_rate, "chain")
+        results["trees"][name] = {"tokens_per_target_forward": round(statistics.median(passes[name]), 3),
+                                  "chain_tokens_per_target_forward": round(statistics.median(passes[chain_label]), 3)}
+        print(f"{'  tokens per target forward':58s} tree {statistics.median(passes[name]):5.2f}  "
+              f"chain {statistics.median(passes[chain_label]):5.2f}", file=sys.stderr)
+    for nodes in (4, 15):
+        tree_s, chain_s = _forward_cost(target, story, nodes, repeat=max(5, 3 * repeat))
+        results["trees"][f"forward_{nodes}_tokens"] = {"tree_ms": round(1000 * tree_s, 2), "chain_ms": round(1000 * chain_s, 2),
+                                                        "ratio": round(tree_s / chain_s, 3)}
+        print(f"{f'one target forward over {nodes} draft tokens: tree vs chain':58s} tree {1000 * tree_s:7.1f} ms  "
+              f"chain {1000 * chain_s:7.1f} ms  ratio {tree_s / chain_s:5.2f}x", file=sys.stderr)
+
+    # 6. Peak memory of recording 2,000 positions on a 49,152-token vocabulary.
     results["recording_memory"] = _recording_memory(2000 if not args.quick else 200)
     print(f"{'peak traced memory recording positions':58s} {results['recording_memory']}", file=sys.stderr)
     print(json.dumps(results))
     return 0
+
+
+def _forward_cost(target: object, prompt: list[int], nodes: int, repeat: int) -> tuple[float, float]:
+    """Median seconds of one target forward over ``nodes`` draft tokens after a cached prompt: as a
+    tree (a root with ``nodes`` children, under the 4D tree mask, then the path kept) and as a
+    chain (``nodes`` drafts in a row, then rolled back); alternated."""
+    from diagnostics.drafters import TargetScorer
+    from diagnostics.tree_attention import TokenTree
+
+    scorer = TargetScorer(target)
+    scorer.score(prompt[:-1], [])  # cache all but the last prompt token, as between rounds
+    scorer.rollback(len(prompt) - 1)
+    drafts = [int(token) for token in prompt[:nodes]]
+    tree = TokenTree(parents=tuple(-1 for _ in drafts), tokens=tuple(drafts))
+    tree_times, chain_times = [], []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        scorer.score_tree(prompt, tree)
+        scorer.keep_path(len(prompt), tree, [])
+        scorer.rollback(len(prompt) - 1)
+        tree_times.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        scorer.score(prompt, drafts)
+        scorer.rollback(len(prompt) - 1)
+        chain_times.append(time.perf_counter() - start)
+    return statistics.median(tree_times), statistics.median(chain_times)
 
 
 def _recording_memory(positions: int) -> dict[str, float]:

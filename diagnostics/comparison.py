@@ -58,6 +58,41 @@ def plan_group(rules: str | list[str], seeds: list[int], base: RunRequest) -> li
     return requests
 
 
+def matched_baseline(request: RunRequest) -> RunRequest | None:
+    """The matched baseline of a truncation rule's request: lossless under the same truncation as a
+    target policy (``cascade:m`` → min-p ``m``, ``typical:η`` → eta ``η``) with the draft policy
+    left as it was, so the same drafts (the same tree) are verified and only the verification
+    differs. ``None`` for a rule whose baseline is the lossless run itself (``p``)."""
+    from diagnostics.rules import get_rule
+
+    rule = get_rule(request.rule)
+    truncation = {"cascade": ("min_p", getattr(rule, "m", None)), "typical": ("eta", getattr(rule, "eta", None))}.get(rule.name)
+    if truncation is None or truncation[1] is None:
+        return None
+    policy = replace(request.policy, **{truncation[0]: float(truncation[1])})
+    return replace(request, rule="lossless", policy=policy, draft_policy=request.draft_policy or request.policy)
+
+
+def member_label(row: dict[str, Any], reference: dict[str, Any]) -> str:
+    """How a member is named in a group: its rule, its tree shape if it has one, and the policy
+    settings where they differ from its seed's reference (a matched baseline's truncation)."""
+    import json
+
+    label = str(row.get("rule"))
+    tree = row.get("tree")
+    if isinstance(tree, str) and tree:
+        label += f" · tree {tree}" + (f" ({row.get('tree_children')})" if row.get("tree_children") not in (None, "top") else "")
+    elif isinstance(reference.get("tree"), str) and reference.get("tree"):
+        label += f" · chain γ={row.get('gamma')}"
+    try:
+        mine, theirs = json.loads(row.get("policy") or "{}"), json.loads(reference.get("policy") or "{}")
+    except (TypeError, ValueError):
+        return label
+    changed = [f"{key.replace('_', '-')} {value:g}" if isinstance(value, float) else f"{key.replace('_', '-')} {value}"
+               for key, value in sorted(mine.items()) if theirs.get(key) != value and value is not None]
+    return label + (f" · baseline policy {', '.join(changed)}" if changed else "")
+
+
 def run_group(
     store: Store,
     target: Any,

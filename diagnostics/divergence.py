@@ -48,6 +48,23 @@ def decision_line(spec: str, record: dict[str, Any], text: Callable[[int], str] 
     return f"{spec} rejects the draft {_token(record, text, 'draft_token')}: {numbers}; its fallback law gives {_token(record, text)}"
 
 
+def tree_decision_line(spec: str, kind: str, candidates: list[dict[str, Any]], emitted: str) -> str:
+    """What ``spec`` did at a tree node: each candidate tried in order with its coin, then the outcome,
+    e.g. ``lossless tries ' the' (u = 0.61 ≥ a = 0.40, refused), ' a' (u = 0.12 < a = 0.55, kept)``."""
+    tries = []
+    for candidate in candidates:
+        coin, accept = _number(candidate.get("u_accept")), _number(candidate.get("accept_prob"))
+        if coin is None:
+            break
+        kept = candidate.get("decision") == "accepted"
+        numbers = f"u = {coin:.3f} {'<' if kept else '≥'} a = {accept:.3f}" if accept is not None else f"u = {coin:.3f}"
+        tries.append(f"{str(candidate.get('label'))!r} ({numbers}, {'kept' if kept else 'refused'})")
+    line = f"{spec} tries " + ", ".join(tries) if tries else f"{spec} tries no candidate"
+    if kind == "rejected":
+        line += f"; every candidate refused, the law left after them gives {emitted}"
+    return line
+
+
 def divergence_reason(reference_spec: str, reference: dict[str, Any], other_spec: str, other: dict[str, Any],
                       text: Callable[[int], str] | None = None) -> str:
     """One line on why ``other`` leaves ``reference`` at this position (both records at the first divergence)."""

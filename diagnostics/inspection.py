@@ -272,3 +272,65 @@ class _lazy_labels(list):
 
     def __bool__(self) -> bool:
         return self.size > 0
+
+
+@dataclass
+class TreeNodeView:
+    """The node of a tree run that decided one position: its candidates in order, the law before
+    each try (``r_1 = p``, then ``r_j`` after refusing ``c_{j−1}``), the law drawn from if all
+    were refused (``laws[-1]``) and the exact emitted law ``P``."""
+
+    p_target: torch.Tensor
+    laws: list[torch.Tensor]
+    law: torch.Tensor
+    candidates: list[dict[str, Any]]  # token index, label, a, coin, decision, in trying order
+    labels: Any
+    exact: bool
+    note: str
+    ids: list[int] | None = None
+
+    def index_of(self, token: Any) -> int | None:
+        """``PositionView.index_of`` for this view's token space (``None`` when not among the stored ids)."""
+        return PositionView(None, self.exact, self.note, self.ids).index_of(token)  # type: ignore[arg-type]
+
+
+def tree_node_view(run: dict[str, Any], record: dict[str, Any], nodes: Any, laws: RunLaws | None, decode=None,
+                   unavailable: str | None = None) -> TreeNodeView | None:
+    """The node view at a tree run's ``record`` (``nodes``: the round's ``tree_nodes`` rows), or
+    ``None`` when the position had no candidates (a bonus after an accepted leaf)."""
+    from diagnostics.tree_walk import node_steps
+
+    node = record.get("tree_node")
+    if node is None or node != node or nodes is None or len(nodes) == 0:
+        return None
+    children = nodes[nodes["parent"] == int(node)].sort_values("sibling")
+    if children.empty:
+        return None
+    rule = get_rule(run["rule"])
+    mode = run.get("tree_children") or "top"
+    position = int(record["position"])
+    exact, ids, note = False, None, ""
+    if laws is not None and position < laws.count:
+        try:
+            p_target, q_draft = laws.p_at(position), laws.q_at(position, record)
+            exact, labels = True, _lazy_labels(p_target.numel(), decode)
+            note = "exact: p from a teacher-forced forward over prompt + output, candidates from the stored tree"
+        except ValueError as error:
+            unavailable = str(error)
+    if not exact:
+        p_target, q_draft, ids = stored_laws(record)
+        labels = [decode(token) if decode else str(token) for token in ids] + ["(tail)"]
+        note = (f"exact laws not available ({unavailable}); " if unavailable else "") + \
+            "rebuilt from the stored top-20 of p; candidates outside it are lumped into the tail"
+    lookup = (lambda token: int(token)) if exact else (lambda token: {stored: at for at, stored in enumerate(ids)}.get(int(token), len(ids)))
+    tokens = [lookup(token) for token in children["token"]]
+    if q_draft is None or mode == "top":
+        q_draft = torch.zeros_like(p_target)
+    trace: list[torch.Tensor] = []
+    _accept, _residual, _rest, law = node_steps(rule, p_target, q_draft, tokens, mode != "top", mode == "sample-distinct", trace)
+    candidates = [
+        {"index": index, "label": labels[index], "accept_prob": float(row.accept_prob), "u_accept": row.u_accept,
+         "decision": row.decision}
+        for index, row in zip(tokens, children.itertuples())
+    ]
+    return TreeNodeView(p_target, trace, law, candidates, labels, exact, note, ids)

@@ -61,14 +61,17 @@ def _positive_part(r_node: torch.Tensor, q_law: torch.Tensor) -> torch.Tensor:
 
 
 def node_steps(rule: Rule, p_node: torch.Tensor, q_node: torch.Tensor, tokens: list[int], sampled: bool,
-               distinct: bool) -> tuple[list[float], list[float], torch.Tensor, torch.Tensor]:
-    """``(a_j, r_j(c_j), r_{K+1}, P)`` at one node for the children ``tokens`` in order."""
+               distinct: bool, trace: list[torch.Tensor] | None = None) -> tuple[list[float], list[float], torch.Tensor, torch.Tensor]:
+    """``(a_j, r_j(c_j), r_{K+1}, P)`` at one node for the children ``tokens`` in order; ``trace``
+    (a list) receives ``r_1 … r_{K+1}``, the law before each try and the one drawn from at the end."""
     accept: list[float] = []
     residual: list[float] = []
     law = torch.zeros_like(p_node)
     r_node, q_law, survive = p_node, q_node, 1.0
     plain = rule.name == "lossless"
     for token in tokens:
+        if trace is not None:
+            trace.append(r_node)
         r_value = float(r_node[token])
         if sampled:
             q_value = float(q_law[token])
@@ -91,6 +94,8 @@ def node_steps(rule: Rule, p_node: torch.Tensor, q_node: torch.Tensor, tokens: l
             law[token] += survive * a_value
         survive *= 1.0 - a_value
         r_node = r_next
+    if trace is not None:
+        trace.append(r_node)
     if sampled:
         law = p_node.clone()  # averaged over the draws of the children, the node emits p (lossless)
     elif survive > 0:

@@ -270,3 +270,30 @@ def test_runs_page_builds_the_report_and_export_only_when_asked(populated, monke
     assert not at.exception and built == ["report", "duckdb"] and keys() == ["download_report", "download_export"]
     _select_rows(at, [0, 1])
     assert built == ["report", "duckdb"] and keys() == []
+
+
+def test_inspect_a_tree_run_shows_the_candidates_and_the_round(tmp_path: Path, tiny_folder: str, monkeypatch) -> None:
+    """A tree run on Inspect: the position chart shows each candidate's law in trying order with
+    the emitted law P; the round's tree is drawn with its accepted path; a rejected position's
+    line names every refused candidate with its coin."""
+    db = tmp_path / "runs.duckdb"
+    monkeypatch.setenv("SPECLAB_DB", str(db))
+    monkeypatch.setenv("SPECLAB_TARGET", tiny_folder)
+    store = Store(db)
+    target = load_model(tiny_folder)
+    request = RunRequest(prompt="w1 w2 w3 w1 w2", rule="lenience:0.5", draft="early-exit:1", tree="3,2", max_new_tokens=16,
+                         seed=4, raw=True)
+    run_id, run = record_run(store, target, "early-exit:1", request)
+    assert run.tree is not None and store.get_run(run_id)["tree"] == "3,2"
+    nodes = store.tree_nodes(run_id)
+    assert len(nodes) == sum(round_.nodes for round_ in run.rounds) and not store.tree_rounds(run_id).empty
+    rejected = next(record.position for record in run.records if record.kind == "rejected")
+    at = _open(query={"run": run_id, "pos": str(rejected)})
+    names = [json.loads(chart.proto.spec) for chart in at.get("plotly_chart")]
+    candidates, tree = names[1], names[2]
+    trace_names = [trace.get("name") for trace in candidates["data"]]
+    assert trace_names[0] == "r₁ = p" and "fallback law (every candidate refused)" in trace_names and "P (emitted law)" in trace_names
+    assert {trace.get("name") for trace in tree["data"]} >= {"refused"}
+    caption = " ".join(caption.value for caption in at.caption)
+    assert "lenience:0.5 tries" in caption and "refused" in caption and "every candidate refused" in caption
+    assert "tree 3,2 (top children)" in caption and "expected tokens this round" in caption

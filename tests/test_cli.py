@@ -71,6 +71,37 @@ def test_compare_over_several_seeds_makes_one_group_with_a_reference_per_seed(ca
     assert status == 2 and len(err.strip().splitlines()) == 1 and "backwards" in err
 
 
+def test_tree_runs_and_a_chain_vs_tree_group_with_matched_baselines(capsys, tiny_folder: str, tmp_path: Path, monkeypatch) -> None:
+    """``run --tree`` records a tree run that replays token for token; ``compare --shapes "chain;3,2"
+    --baselines`` runs every rule under both shapes, each truncation rule beside its matched baseline
+    (lossless under min-p m, same drafts); the Compare page names every member apart and draws each
+    tree member's node at its divergence."""
+    from app_support import open_page
+
+    db = tmp_path / "runs.duckdb"
+    common = ["--prompt", "w1 w2 w3 w1 w2", "--target", tiny_folder, "--draft", "early-exit:1", "--max-new-tokens", "12",
+              "--raw", "--db", str(db), "--no-progress"]
+    status, (line,), _ = _run(capsys, "run", "--rule", "lenience:0.5", "--tree", "3,2", "--tree-children", "top", *common)
+    assert status == 0 and line["tree"] == "3,2" and line["tree_children"] == "top"
+    status, (again,), _ = _run(capsys, "run", "--replay", line["run_id"], "--db", str(db), "--no-progress")
+    assert status == 0 and again["reproduced"] is True and again["tree"] == "3,2"
+    status, lines, _ = _run(capsys, "compare", "--rules", "lossless,cascade:0.3", "--shapes", "chain;3,2", "--baselines", *common)
+    assert status == 0
+    assert [(entry["rule"], entry["tree"]) for entry in lines] == [
+        ("lossless", None), ("cascade:0.3", None), ("lossless", None), ("lossless", "3,2"), ("cascade:0.3", "3,2"), ("lossless", "3,2")]
+    status, _lines, err = _run(capsys, "run", "--rule", "cos:0.5", "--tree", "3,2", *common)
+    assert status == 2 and "has no tree form" in err and len(err.strip().splitlines()) == 1
+    store = Store(db)
+    baseline = store.get_run(lines[-1]["run_id"])
+    assert json.loads(baseline["policy"])["min_p"] == 0.3 and json.loads(baseline["draft_policy"]).get("min_p") is None
+    monkeypatch.setenv("SPECLAB_DB", str(db))
+    monkeypatch.setenv("SPECLAB_TARGET", tiny_folder)
+    at = open_page("views/compare.py", {"group": lines[0]["group_id"]})
+    table = at.dataframe[0].value
+    assert list(table["rule"]) == ["lossless", "cascade:0.3", "lossless · baseline policy min-p 0.3", "lossless · tree 3,2",
+                                   "cascade:0.3 · tree 3,2", "lossless · tree 3,2 · baseline policy min-p 0.3"]
+
+
 def test_rule_lists_split_like_a_person_writes_them() -> None:
     assert split_specs("lossless,lenience:0.5,medusa:0.09,0.3,cos:0.4") == ["lossless", "lenience:0.5", "medusa:0.09,0.3", "cos:0.4"]
     assert split_specs("lossless;medusa:0.09,0.3") == ["lossless", "medusa:0.09,0.3"]

@@ -9,12 +9,21 @@ import uuid
 import pandas as pd
 import streamlit as st
 
-from diagnostics.charts import divergence_figure, token_strip_html
-from diagnostics.comparison import group_status, member_figures, parse_seeds, plan_group, references, run_group, summarise
-from diagnostics.divergence import divergence_reason
+from diagnostics.charts import divergence_figure, law_figure, token_strip_html, tree_candidates_figure
+from diagnostics.comparison import (
+    group_status,
+    member_figures,
+    member_label,
+    parse_seeds,
+    plan_group,
+    references,
+    run_group,
+    summarise,
+)
+from diagnostics.divergence import decision_line, divergence_reason, tree_decision_line
 from diagnostics.engine import EngineError
 from diagnostics.explain import explain_step
-from diagnostics.inspection import position_view, target_spec
+from diagnostics.inspection import position_view, target_spec, tree_node_view
 from diagnostics.metrics import modelled_speedup
 from diagnostics.models import ModelError, load_draft
 from diagnostics.rules import RuleError, get_rule
@@ -124,6 +133,10 @@ labels = {gid: plain(f"{gid} · " + ", ".join(dict.fromkeys(groups.loc[groups.gr
 group_id = st.selectbox("Group", order, index=order.index(requested) if requested in order else 0, format_func=labels.get, key="cmp_group")
 st.query_params["group"] = group_id
 members = store.group(group_id)
+# A member is named by its rule, plus its tree shape and any policy that differs from its seed's
+# reference (a matched baseline): "lossless" under min-p 0.3 is not the lossless reference.
+_first_of_seed = {int(row["seed"]): row for row in reversed(members.to_dict("records"))}
+members["label"] = [member_label(row, _first_of_seed[int(row["seed"])]) for row in members.to_dict("records")]
 status = group_status(members)
 if launched == group_id:
     st.warning(f"The group was stopped: {int((members.status == 'complete').sum())} member(s) complete, "
@@ -147,8 +160,27 @@ cost = cost_ratio_input(reference.to_dict(), target_if_allowed(reference.to_dict
 for row in members.itertuples():
     alpha = figures[row.run_id]["acceptance α"]
     figures[row.run_id]["modelled speed-up"] = modelled_speedup(alpha, int(row.gamma or 0), cost) if cost is not None else 1.0
-summary = summarise(members, figures)
+summary = summarise(members.assign(rule=members["label"]), figures)
 shown = pd.DataFrame({"rule": summary["rule"], "seeds": summary["seeds"]})
+
+
+def _tree_or_chain_step(run_row: dict, record: dict, laws, decode, unavailable: str | None, key: str) -> None:
+    """One run's decision at a position of a compared group: the tree node view of a tree run (its
+    candidates in order and the law after each refusal), the chain step of a chain run."""
+    shape = f"tree {run_row['tree']}" if run_row.get("tree") else f"chain γ = {run_row['gamma']}"
+    st.markdown(md("**{rule}** · {shape}", rule=run_row["rule"], shape=shape))
+    nodes = store.tree_nodes(run_row["run_id"], block=int(record["block"])) if run_row.get("tree") else None
+    view = tree_node_view(run_row, record, nodes, laws, decode, unavailable) if nodes is not None else None
+    if view is not None:
+        emitted = repr(decode(int(record["token"]))) if decode else repr(record.get("token_text") or str(record["token"]))
+        st.caption(literal(tree_decision_line(run_row["rule"], record["kind"], view.candidates, emitted)))
+        st.plotly_chart(tree_candidates_figure(view, top_n=12, emitted_token=view.index_of(record["token"])), key=key)
+        return
+    st.caption(literal(decision_line(run_row["rule"], record, decode)))
+    detail = position_view(run_row, record, laws, decode, unavailable=unavailable)
+    draft_token = None if record["kind"] == "bonus" else detail.index_of(record.get("draft_token"))
+    st.plotly_chart(law_figure(detail.view, top_n=12, draft_token=draft_token, emitted_token=detail.index_of(record["token"]),
+                               kind=record["kind"]), key=key)
 
 
 def _mean_sd(name: str, digits: int) -> list[str]:
@@ -174,7 +206,7 @@ reference_id = refs.get(seed)
 rows = []
 for member in at_seed.itertuples():
     divergence = None if pd.isna(member.divergence_position) else int(member.divergence_position)
-    rows.append({"rule": member.rule, "run": member.run_id, "status": member.status,
+    rows.append({"rule": member.label, "run": member.run_id, "status": member.status,
                  "first divergence": "reference" if member.run_id == reference_id else ("never" if divergence is None else str(divergence)),
                  "tokens": "–" if pd.isna(member.n_tokens) else str(int(member.n_tokens)), **{name: "–" if pd.isna(value) else f"{value:.4f}"
                                                             for name, value in figures[member.run_id].items()}})
@@ -193,12 +225,19 @@ if reference_run is not None and diverging:
         position = int(member.divergence_position)
         other_records = positions[member.run_id].to_dict("records")
         if position >= len(ref_records) or position >= len(other_records):
-            st.markdown(md("**{rule}** leaves the reference at position ", rule=member.rule) + f"{position}: one run ended there.")  # literal-ok: md() plus an int
+            st.markdown(md("**{rule}** leaves the reference at position ", rule=member.label) + f"{position}: one run ended there.")  # literal-ok: md() plus an int
             continue
         ref_record, other_record = ref_records[position], other_records[position]
-        st.markdown(md("**{rule}** vs **{reference}** at position ", rule=member.rule, reference=reference_run["rule"])  # literal-ok: md() plus an int and run_link pieces
+        st.markdown(md("**{rule}** vs **{reference}** at position ", rule=member.label, reference=reference_run["rule"])  # literal-ok: md() plus an int and run_link pieces
                     + f"{position} · " + run_link("inspect the reference there", reference_id, position) + " · "
-                    + run_link(f"inspect {member.rule} there", member.run_id, position))
+                    + run_link(f"inspect {member.label} there", member.run_id, position))
+        member_run = store.get_run(member.run_id)
+        if reference_run.get("tree") or member_run.get("tree"):
+            # A tree node tries several candidates: each run's own node view, side by side.
+            for column, (run_row, record) in zip(st.columns(2), ((reference_run, ref_record), (member_run, other_record))):
+                with column:
+                    _tree_or_chain_step(run_row, record, laws, decode, unavailable, key=f"cmp_tree_{member.run_id}_{run_row['run_id']}")
+            continue
         st.caption(literal(divergence_reason(reference_run["rule"], ref_record, member.rule, other_record, decode)))
         detail = position_view(reference_run, ref_record, laws, decode, unavailable=unavailable)
         # Same prefix up to here, so p and q are the reference's; each rule's own step on them.
@@ -219,6 +258,6 @@ for member in at_seed.itertuples():
     divergence = None if pd.isna(member.divergence_position) else int(member.divergence_position)
     where = "reference" if member.run_id == reference_id else (
         "identical to the reference" if divergence is None else f"leaves the reference at position {divergence}")
-    st.markdown(md("**{rule}** · run {run} · ", rule=member.rule, run=member.run_id) + where + " · "  # literal-ok: md(), a constant or int phrase, run_link
+    st.markdown(md("**{rule}** · run {run} · ", rule=member.label, run=member.run_id) + where + " · "  # literal-ok: md(), a constant or int phrase, run_link
                 + run_link("inspect", member.run_id, divergence))
     st.html(token_strip_html(positions[member.run_id].to_dict("records"), divergence=divergence))

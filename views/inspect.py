@@ -12,9 +12,9 @@ import re
 
 import streamlit as st
 
-from diagnostics.charts import law_figure, token_strip_html, tracks_figure
-from diagnostics.divergence import SEVERE_OVERSHOOT, decision_line, jump_targets
-from diagnostics.inspection import position_view, target_spec
+from diagnostics.charts import law_figure, token_strip_html, tracks_figure, tree_candidates_figure, tree_round_figure
+from diagnostics.divergence import SEVERE_OVERSHOOT, decision_line, jump_targets, tree_decision_line
+from diagnostics.inspection import position_view, target_spec, tree_node_view
 from views.common import (
     decoder,
     headline_metrics,
@@ -49,8 +49,10 @@ st.query_params["run"] = run_id
 run = store.get_run(run_id)
 positions = store.positions(run_id)
 
-st.caption(md("target {target} · draft {draft} · rule **{rule}** · γ = {gamma} · seed {seed} · status {status}", target=run["target"],
-              draft=run["draft"], rule=run["rule"], gamma=run["gamma"], seed=run["seed"], status=run["status"]))
+shape = (f"tree {run['tree']} ({run.get('tree_children') or 'top'} children)" if run.get("tree")
+         else f"γ = {run['gamma']}")
+st.caption(md("target {target} · draft {draft} · rule **{rule}** · {shape} · seed {seed} · status {status}", target=run["target"],
+              draft=run["draft"], rule=run["rule"], shape=shape, seed=run["seed"], status=run["status"]))
 with st.expander("Prompt, policy and output"):
     st.text(plain(run["prompt"], keep="\n\t"))  # bidi overrides and escapes shown, not obeyed
     st.json({"policy": json.loads(run["policy"] or "{}"), "draft policy": json.loads(run["draft_policy"] or "{}")})
@@ -122,16 +124,26 @@ position = st.number_input("Position", 0, count - 1, key="inspect_position",
                            help="Click a token, a point in the tracks, a jump button, or type a position.")
 record = records[int(position)]
 decode = decoder(target)
-detail = position_view(run, record, laws, decode, unavailable=unavailable)
 kind = record["kind"]
+round_nodes = store.tree_nodes(run_id, block=int(record["block"])) if run.get("tree") else None
+node_view = tree_node_view(run, record, round_nodes, laws, decode, unavailable=unavailable) if run.get("tree") else None
+detail = position_view(run, record, laws, decode, unavailable=unavailable) if node_view is None else node_view
 st.subheader(md(f"Position {int(position)}: {{kind}}", kind=kind))
-st.caption(literal(decision_line(run["rule"], record, decode)))
+if node_view is not None:
+    emitted = repr(decode(int(record["token"]))) if decode else repr(record.get("token_text") or str(record["token"]))
+    st.caption(literal(tree_decision_line(run["rule"], kind, node_view.candidates, emitted)))
+else:
+    st.caption(literal(decision_line(run["rule"], record, decode)))
 left, right = st.columns([3, 1])
 with left:
-    # Rebuilt laws index the union of the stored top-k ids: index_of maps a token id to its bar.
-    draft_token = None if kind == "bonus" else detail.index_of(record.get("draft_token"))
-    st.plotly_chart(law_figure(detail.view, top_n=25, draft_token=draft_token, emitted_token=detail.index_of(record["token"]),
-                               kind=kind), key="position_law")
+    if node_view is not None:
+        st.plotly_chart(tree_candidates_figure(node_view, top_n=15, emitted_token=node_view.index_of(record["token"])),
+                        key="position_tree_law")
+    else:
+        # Rebuilt laws index the union of the stored top-k ids: index_of maps a token id to its bar.
+        draft_token = None if kind == "bonus" else detail.index_of(record.get("draft_token"))
+        st.plotly_chart(law_figure(detail.view, top_n=25, draft_token=draft_token, emitted_token=detail.index_of(record["token"]),
+                                   kind=kind), key="position_law")
 with right:
     # The stored scalars are exact over the full vocabulary, whatever the chart could rebuild.
     def shown_value(name: str) -> str:
@@ -147,3 +159,16 @@ with right:
     st.caption(literal(detail.note))
     if kind == "bonus":
         st.caption("Bonus position: no draft was verified; the token was drawn from the bonus law b(p).")
+
+if round_nodes is not None and len(round_nodes):
+    rounds = store.tree_rounds(run_id)
+    this_round = rounds[rounds["block"] == int(record["block"])]
+    st.subheader(md("Round {block}: the drafted tree", block=int(record["block"])))
+    if not this_round.empty:
+        summary = this_round.iloc[0]
+        st.caption(md("{nodes} nodes to depth {depth}; expected tokens this round (exact, given the tree) {expected}, emitted "
+                      "{emitted}", nodes=int(summary["nodes"]), depth=int(summary["depth"]),
+                      expected=f"{summary['expected_tokens']:.3f}", emitted=int(summary["emitted"])))
+    node = record.get("tree_node")
+    st.plotly_chart(tree_round_figure(round_nodes, selected_node=None if node is None or node != node else int(node)),
+                    key="round_tree")
