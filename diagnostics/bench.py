@@ -107,49 +107,50 @@ def run_bench(args: argparse.Namespace) -> int:
 
         return call
 
-    # 1. Plain decoding against transformers generate.
-    report("plain greedy vs generate(do_sample=False)", *_side_by_side(ours(story, None, temperature=0), hf(story_ids, do_sample=False), repeat), "hf")
-    report("plain sampling vs generate(do_sample=True)", *_side_by_side(ours(story, None), hf(story_ids, do_sample=True), repeat), "hf")
-
-    # 2. Lossless speculative decoding against assisted generation with the same drafter.
-    # Greedy (T = 0): both sides do exactly the same work (same drafts, same acceptances), so the
-    # ratio is pure implementation overhead. Sampling (T = 1): transformers drafts with the
-    # assistant's own generation config (greedy for this model) and verifies against the draft's
-    # softmax, which accepts more than a sampled draft does; the ratio then mixes speed and
-    # acceptance, and the greedy-draft row of ours is the closer peer.
     shell = early_exit_model(target, layer)
-    repetitive_ids = torch.tensor([repetitive])
-    greedy_drafts = Policy(temperature=0)
-    for mode, temperature, extra in (("greedy", 0.0, {"do_sample": False}), ("sampling", 1.0, {"do_sample": True})):
-        assisted = {"num_assistant_tokens": gamma, "num_assistant_tokens_schedule": "constant", **extra}
-        report(f"{mode}: lossless early-exit:{layer} vs assistant_early_exit={layer}",
-               *_side_by_side(ours(story, shell, temperature=temperature), hf(story_ids, assistant_early_exit=layer, **assisted), repeat), "hf")
-        report(f"{mode}: lossless model drafter vs assistant_model (exit@{layer} as a model)",
-               *_side_by_side(ours(story, shell, temperature=temperature), hf(story_ids, assistant_model=shell.model, **assisted), repeat), "hf")
-        if temperature:
-            report(f"{mode}: lossless, greedy drafts (q = point mass) vs assistant_model",
-                   *_side_by_side(ours(story, shell, temperature=temperature, draft_policy=greedy_drafts),
-                                  hf(story_ids, assistant_model=shell.model, **assisted), repeat), "hf")
-        report(f"{mode}: lossless ngram:3 vs prompt_lookup_num_tokens={gamma} (repetitive prompt)",
-               *_side_by_side(ours(repetitive, "ngram:3", temperature=temperature),
-                              hf(repetitive_ids, prompt_lookup_num_tokens=gamma, max_matching_ngram_size=3, **extra), repeat), "hf")
+    if args.only is None:
+        # 1. Plain decoding against transformers generate.
+        report("plain greedy vs generate(do_sample=False)", *_side_by_side(ours(story, None, temperature=0), hf(story_ids, do_sample=False), repeat), "hf")
+        report("plain sampling vs generate(do_sample=True)", *_side_by_side(ours(story, None), hf(story_ids, do_sample=True), repeat), "hf")
 
-    # 3. Recording on vs off (same run otherwise).
-    on, off = _side_by_side(ours(story, shell, record=True), ours(story, shell, record=False), repeat)
-    results["recording_overhead"] = {"on_tok_s": round(on, 2), "off_tok_s": round(off, 2), "overhead": round(off / on - 1, 3)}
-    print(f"{'recording on vs off (early-exit, lossless)':58s} on {on:7.2f} tok/s  off {off:7.2f} tok/s  overhead {100 * (off / on - 1):5.1f}%", file=sys.stderr)
+        # 2. Lossless speculative decoding against assisted generation with the same drafter.
+        # Greedy (T = 0): both sides do exactly the same work (same drafts, same acceptances), so the
+        # ratio is pure implementation overhead. Sampling (T = 1): transformers drafts with the
+        # assistant's own generation config (greedy for this model) and verifies against the draft's
+        # softmax, which accepts more than a sampled draft does; the ratio then mixes speed and
+        # acceptance, and the greedy-draft row of ours is the closer peer.
+        repetitive_ids = torch.tensor([repetitive])
+        greedy_drafts = Policy(temperature=0)
+        for mode, temperature, extra in (("greedy", 0.0, {"do_sample": False}), ("sampling", 1.0, {"do_sample": True})):
+            assisted = {"num_assistant_tokens": gamma, "num_assistant_tokens_schedule": "constant", **extra}
+            report(f"{mode}: lossless early-exit:{layer} vs assistant_early_exit={layer}",
+                   *_side_by_side(ours(story, shell, temperature=temperature), hf(story_ids, assistant_early_exit=layer, **assisted), repeat), "hf")
+            report(f"{mode}: lossless model drafter vs assistant_model (exit@{layer} as a model)",
+                   *_side_by_side(ours(story, shell, temperature=temperature), hf(story_ids, assistant_model=shell.model, **assisted), repeat), "hf")
+            if temperature:
+                report(f"{mode}: lossless, greedy drafts (q = point mass) vs assistant_model",
+                       *_side_by_side(ours(story, shell, temperature=temperature, draft_policy=greedy_drafts),
+                                      hf(story_ids, assistant_model=shell.model, **assisted), repeat), "hf")
+            report(f"{mode}: lossless ngram:3 vs prompt_lookup_num_tokens={gamma} (repetitive prompt)",
+                   *_side_by_side(ours(repetitive, "ngram:3", temperature=temperature),
+                                  hf(repetitive_ids, prompt_lookup_num_tokens=gamma, max_matching_ngram_size=3, **extra), repeat), "hf")
 
-    # 4. Speculative vs plain decoding with each drafter.
-    drafters = {f"early-exit:{layer}": shell, "early-exit:28": early_exit_model(target, 28), "ngram:3": "ngram:3"}
-    if not args.quick:
-        drafters["early-exit:16"] = early_exit_model(target, 16)
-    for name, drafter in drafters.items():
-        prompt = repetitive if name.startswith("ngram") else story
-        label = f"lossless {name} vs plain decoding" + (" (repetitive prompt)" if name.startswith("ngram") else "")
-        report(label, *_side_by_side(ours(prompt, drafter), ours(prompt, None), repeat), "plain")
-    report("lossless ngram:3 vs plain decoding (story prompt)", *_side_by_side(ours(story, "ngram:3"), ours(story, None), repeat), "plain")
-    report("greedy (T=0) ngram:3 vs plain greedy (repetitive prompt)",
-           *_side_by_side(ours(repetitive, "ngram:3", temperature=0), ours(repetitive, None, temperature=0), repeat), "plain")
+        # 3. Recording on vs off (same run otherwise).
+        on, off = _side_by_side(ours(story, shell, record=True), ours(story, shell, record=False), repeat)
+        results["recording_overhead"] = {"on_tok_s": round(on, 2), "off_tok_s": round(off, 2), "overhead": round(off / on - 1, 3)}
+        print(f"{'recording on vs off (early-exit, lossless)':58s} on {on:7.2f} tok/s  off {off:7.2f} tok/s  overhead {100 * (off / on - 1):5.1f}%", file=sys.stderr)
+
+        # 4. Speculative vs plain decoding with each drafter.
+        drafters = {f"early-exit:{layer}": shell, "early-exit:28": early_exit_model(target, 28), "ngram:3": "ngram:3"}
+        if not args.quick:
+            drafters["early-exit:16"] = early_exit_model(target, 16)
+        for name, drafter in drafters.items():
+            prompt = repetitive if name.startswith("ngram") else story
+            label = f"lossless {name} vs plain decoding" + (" (repetitive prompt)" if name.startswith("ngram") else "")
+            report(label, *_side_by_side(ours(prompt, drafter), ours(prompt, None), repeat), "plain")
+        report("lossless ngram:3 vs plain decoding (story prompt)", *_side_by_side(ours(story, "ngram:3"), ours(story, None), repeat), "plain")
+        report("greedy (T=0) ngram:3 vs plain greedy (repetitive prompt)",
+               *_side_by_side(ours(repetitive, "ngram:3", temperature=0), ours(repetitive, None, temperature=0), repeat), "plain")
 
     # 5. Trees against the chain, both lossless with early-exit drafts: tokens per target forward
     # and wall tokens/s, and one tree forward against a chain forward of as many tokens.
@@ -175,8 +176,9 @@ def run_bench(args: argparse.Namespace) -> int:
               f"chain {1000 * chain_s:7.1f} ms  ratio {tree_s / chain_s:5.2f}x", file=sys.stderr)
 
     # 6. Peak memory of recording 2,000 positions on a 49,152-token vocabulary.
-    results["recording_memory"] = _recording_memory(2000 if not args.quick else 200)
-    print(f"{'peak traced memory recording positions':58s} {results['recording_memory']}", file=sys.stderr)
+    if args.only is None:
+        results["recording_memory"] = _recording_memory(2000 if not args.quick else 200)
+        print(f"{'peak traced memory recording positions':58s} {results['recording_memory']}", file=sys.stderr)
     print(json.dumps(results))
     return 0
 

@@ -167,6 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
                                             "prints one JSON object.")
     bench.add_argument("--max-new-tokens", type=int, default=48, help="tokens each timed generation makes (EOS ignored on both sides)")
     bench.add_argument("--repeat", type=int, default=2, help="alternating repetitions per comparison; the median is reported")
+    bench.add_argument("--only", default=None, choices=["trees"],
+                       help="only one section: trees (chain against trees: tokens per target forward, tokens/s, forward cost)")
     bench.add_argument("--quick", action="store_true",
                        help="fewer settings and a smaller recording-memory probe (200 positions instead of 2000), for a smoke test")
     return parser

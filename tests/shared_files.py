@@ -13,7 +13,7 @@ from diagnostics.audit import audit_recorded_run
 from diagnostics.audit.reporting import summary_line
 from diagnostics.audit.suite import run_engine_audit, run_rule_audit, tiny_setup
 from diagnostics.models import load_model
-from diagnostics.runner import RunRequest, compare_rules
+from diagnostics.runner import RunRequest, compare_rules, record_run
 from diagnostics.store import Store, export_runs
 
 # Markers show where a payload would have rendered: a test looks for them inside <a>, <img>,
@@ -32,6 +32,7 @@ class RealExport:
     path: Path
     run_ids: list[str]  # a coupled group: lossless, then lenience:0.1
     audit_ids: list[str]  # recorded (of the first run), rule, engine
+    tree_run_id: str | None = None  # a tree run (lenience:0.5, tree 2,2), outside the group
 
 
 def real_export(folder: Path, tiny_folder: str) -> RealExport:
@@ -44,12 +45,14 @@ def real_export(folder: Path, tiny_folder: str) -> RealExport:
     run_ids = [run_id for run_id, _ in results]
     recorded = audit_recorded_run(store, run_ids[0], target).as_dict()
     audit_ids = [store.add_audit(recorded, summary_line(recorded))]
-    path = export_runs(store, run_ids, folder / "export.duckdb", "duckdb")
+    tree = {**base, "draft": "early-exit:1", "rule": "lenience:0.5", "tree": "2,2"}
+    tree_run_id, _ = record_run(store, target, "early-exit:1", RunRequest(**tree))
+    path = export_runs(store, [*run_ids, tree_run_id], folder / "export.duckdb", "duckdb")
     shared = Store(path)
     for result in (run_rule_audit("residual_softmax", samples=2_000).as_dict(),
                    run_engine_audit("ours", tiny_setup(), generations=20, max_new_tokens=4).as_dict()):
         audit_ids.append(shared.add_audit(result, summary_line(result)))
-    return RealExport(path, run_ids, audit_ids)
+    return RealExport(path, run_ids, audit_ids, tree_run_id)
 
 
 def _copy(base: RealExport, path: Path) -> Path:
@@ -69,6 +72,7 @@ def hostile_export(base: RealExport, path: Path) -> RealExport:
             con.execute(f"UPDATE runs SET {column} = ?", [PAYLOAD])
         con.execute("UPDATE runs SET draft = ?, rule_params = ?", [f"model:{PAYLOAD}", '{"payload": ' + _json(PAYLOAD) + "}"])
         con.execute("UPDATE positions SET token_text = ?, draft_text = ?", [PAYLOAD, PAYLOAD])
+        con.execute("UPDATE tree_nodes SET token_text = ?", [PAYLOAD])
         for index, run_id in enumerate(base.run_ids):
             new = HOSTILE_RUN_ID if index == 0 else f"r{index} {quoted[:40]}"
             for table in ("runs", "positions", "audits"):
@@ -82,7 +86,7 @@ def hostile_export(base: RealExport, path: Path) -> RealExport:
             new_id = HOSTILE_AUDIT_ID if index == 0 else f"a{index} {PAYLOAD[:30]}"
             con.execute("UPDATE audits SET audit_id = ?, implementation = ?, summary = ?, evidence = ? WHERE audit_id = ?",
                         [new_id, PAYLOAD, PAYLOAD, json.dumps(hostile), audit_id])
-    return RealExport(path, [HOSTILE_RUN_ID, f"r1 {quoted[:40]}"], [HOSTILE_AUDIT_ID])
+    return RealExport(path, [HOSTILE_RUN_ID, f"r1 {quoted[:40]}"], [HOSTILE_AUDIT_ID], base.tree_run_id)
 
 
 def _json(text: str) -> str:

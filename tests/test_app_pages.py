@@ -97,6 +97,23 @@ def test_run_page_records_a_run(populated, tiny_folder: str) -> None:
     assert any(f"(/inspect?run={newest['run_id']})" in markdown.value for markdown in at.markdown)
 
 
+def test_run_page_records_a_tree_run_and_refuses_a_bad_shape(populated, tiny_folder: str) -> None:
+    at = _open("views/run.py")
+    at.text_area(key="run_prompt").set_value("w1 w2 w3 w1 w2")
+    at.checkbox(key="run_raw").check()
+    at.number_input(key="run_max_tokens").set_value(10)
+    at.radio(key="run_shape").set_value("tree").run()
+    at.text_input(key="run_tree").set_value("3,0")
+    at.button(key="run_start").click().run()
+    assert not at.exception and len(at.error) == 1 and "tree branching must lie in" in at.error[0].value
+    at.text_input(key="run_tree").set_value("2,2")
+    at.button(key="run_start").click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    newest = Store(populated["db"]).list_runs().iloc[0]
+    assert newest["status"] == "complete" and newest["tree"] == "2,2" and newest["n_tokens"] == 10
+    assert not Store(populated["db"]).tree_nodes(newest["run_id"]).empty
+
+
 def test_run_page_bad_rule_is_a_message(populated) -> None:
     at = _open("views/run.py")
     at.text_input(key="run_rule").set_value("lenience:0").run()

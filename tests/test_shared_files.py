@@ -14,7 +14,7 @@ from shared_files import DEFECTS, PAYLOAD, hostile_export, malformed_corpus, rea
 
 from diagnostics.cli import main
 from diagnostics.report import build_report
-from diagnostics.store import StoreError, import_runs
+from diagnostics.store import Store, StoreError, export_runs, import_runs
 
 
 @pytest.fixture(scope="module")
@@ -42,9 +42,13 @@ def _renders(path: Path, tmp_path: Path, capsys) -> None:
     opened = import_runs(path, tmp_path / "imported.duckdb")
     run_ids = opened.list_runs()["run_id"].tolist()
     audit_ids = opened.list_audits()["audit_id"].tolist()
-    group = opened.get_run(run_ids[0])["group_id"]
+    group = next((opened.get_run(run_id)["group_id"] for run_id in run_ids if opened.get_run(run_id)["group_id"]), None)
     pages = visit_every_page(str(opened.path), run_id=run_ids[-1], group=group, audit_id=audit_ids[0] if audit_ids else None)
     assert pages["views/inspect.py"].title[0].value == "Inspect a run"
+    for run_id in run_ids:
+        if opened.get_run(run_id).get("tree"):  # a tree run: its candidates and its round's tree are drawn
+            charts = visit_every_page(str(opened.path), run_id=run_id)["views/inspect.py"].get("plotly_chart")
+            assert len(charts) == 3 and "round's tree" in charts[2].proto.spec
     text = build_report(opened, run_ids, audit_ids)
     assert text.count("<section class=\"run\">") == len(run_ids) + bool(audit_ids)
     output = tmp_path / "report.html"
@@ -110,3 +114,23 @@ def test_one_member_of_a_group_is_shared_with_its_reference(base, tmp_path: Path
     assert sorted(opened.list_runs()["run_id"]) == sorted(base.run_ids)
     assert "reference run of group" in build_report(opened, base.run_ids[1:])
     _renders(exported, tmp_path, capsys)
+
+
+def test_a_tree_run_travels_in_both_export_formats(base, tmp_path: Path, app_env) -> None:
+    """DuckDB exports carry a tree run's rounds and nodes; a Parquet export carries its positions
+    only, and Inspect then says why the node's candidates cannot be drawn instead of drawing a
+    chain step's law for a tree position."""
+    shared = Store(base.path, read_only=True)
+    nodes = shared.tree_nodes(base.tree_run_id)
+    assert not nodes.empty and len(shared.tree_rounds(base.tree_run_id)) == nodes["block"].nunique()
+    copy = export_runs(shared, [base.tree_run_id], tmp_path / "tree.duckdb")
+    assert Store(copy, read_only=True).tree_nodes(base.tree_run_id).equals(nodes)
+    parquet = export_runs(shared, [base.tree_run_id], tmp_path / "tree.parquet", "parquet")
+    opened = import_runs(parquet, tmp_path / "from_parquet.duckdb")
+    assert opened.get_run(base.tree_run_id)["tree"] == "2,2" and opened.tree_nodes(base.tree_run_id).empty
+    assert opened.positions(base.tree_run_id)["tree_node"].notna().all()
+    positions = opened.positions(base.tree_run_id)
+    verified = int(positions.loc[positions["kind"] != "bonus", "position"].iloc[0])
+    at = visit_every_page(str(opened.path), run_id=base.tree_run_id)["views/inspect.py"]
+    at.number_input(key="inspect_position").set_value(verified).run()
+    assert not at.exception and any("holds no tree nodes" in info.value for info in at.info)

@@ -139,6 +139,10 @@ with left:
     if node_view is not None:
         st.plotly_chart(tree_candidates_figure(node_view, top_n=15, emitted_token=node_view.index_of(record["token"])),
                         key="position_tree_law")
+    elif run.get("tree") and (round_nodes is None or round_nodes.empty) and kind != "bonus":
+        # A chain step's chart would show the wrong law for a tree node.
+        st.info("This file holds no tree nodes for this run (a Parquet export carries positions only), so the node's "
+                "candidates and law cannot be drawn; the figures on the right are the exact ones stored with the position.")
     else:
         # Rebuilt laws index the union of the stored top-k ids: index_of maps a token id to its bar.
         draft_token = None if kind == "bonus" else detail.index_of(record.get("draft_token"))

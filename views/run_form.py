@@ -60,11 +60,28 @@ def request_widgets(prefix: str, rule: str) -> tuple[str, RunRequest | None]:
     budget = cols[1].number_input("max new tokens", 1, 2048, RunRequest.max_new_tokens, key=f"{prefix}_max_tokens")
     seed = cols[2].number_input("seed", 0, 2**31 - 1, 0, key=f"{prefix}_seed")
     policy = policy_widgets(prefix)
+    tree, children = tree_widgets(prefix)
     raw = st.checkbox("Raw prompt (no chat template)", key=f"{prefix}_raw")
     if policy is None:
         return target, None
     return target, RunRequest(prompt=prompt, rule=rule, draft=draft, gamma=int(gamma), max_new_tokens=int(budget),
-                              seed=int(seed), policy=policy, raw=raw)
+                              seed=int(seed), policy=policy, raw=raw, tree=tree, tree_children=children)
+
+
+def tree_widgets(prefix: str) -> tuple[str | None, str]:
+    """Chain or token tree: the tree's children per level (``3,2,1``) and how children are drafted."""
+    cols = st.columns([1, 2, 2])
+    shape = cols[0].radio("Verification", ["chain", "tree"], key=f"{prefix}_shape", horizontal=True,
+                          help="chain: γ drafts in a row; tree: a token tree per round, every node verified in one target forward")
+    if shape == "chain":
+        return None, "top"
+    tree = cols[1].text_input("Children per level", "3,2,1", key=f"{prefix}_tree",
+                              help="each node at depth i gets Ki children: 3,2,1 drafts 3 + 6 + 6 = 15 nodes per round")
+    children = cols[2].selectbox("Children", ["top", "sample", "sample-distinct"], key=f"{prefix}_tree_children",
+                                 help="top: the draft's most likely tokens (EAGLE; every tree rule); sample: i.i.d. draws from q "
+                                      "(SpecInfer); sample-distinct: draws without replacement (Sequoia); sampled children are "
+                                      "verified losslessly only")
+    return tree.strip() or None, children
 
 
 RULE_HELP = "One of: " + ", ".join(EXAMPLE_SPECS)
