@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import operator
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -297,12 +297,7 @@ def generate(
               policy=policy, draft_policy=draft_policy)
     committed = list(prompt)
     start = time.perf_counter()
-    while len(run.tokens) < max_new_tokens:
-        if should_stop is not None and should_stop():
-            run.status, run.stop_reason = "interrupted", "stopped"
-            break
-        position = len(run.tokens)
-        budget = max_new_tokens - position
+    for position, budget in rounds(run, max_new_tokens, should_stop):
         count = min(gamma, budget) if drafter is not None else 0
 
         def draw(q_draft: torch.Tensor, index: int, _position: int = position) -> int:
@@ -327,9 +322,24 @@ def generate(
         if finished:
             run.stop_reason = "eos"
             break
+    return finish(run, start, loaded.tokenizer)
+
+
+def rounds(run: Run, max_new_tokens: int, should_stop: Callable[[], bool] | None) -> Iterator[tuple[int, int]]:
+    """``(first output position, remaining token budget)`` of each block or round until the budget
+    is spent; when ``should_stop`` says so (polled between rounds) the run ends ``interrupted``."""
+    while len(run.tokens) < max_new_tokens:
+        if should_stop is not None and should_stop():
+            run.status, run.stop_reason = "interrupted", "stopped"
+            return
+        yield len(run.tokens), max_new_tokens - len(run.tokens)
+
+
+def finish(run: Run, start: float, tokenizer: Any) -> Run:
+    """Stamp the wall time since ``start`` and decode the text (ids keep the EOS; the text does not)."""
     run.time_s = time.perf_counter() - start
-    if loaded.tokenizer is not None:
-        run.text = loaded.tokenizer.decode(run.tokens, skip_special_tokens=True)  # ids keep the EOS; the text does not
+    if tokenizer is not None:
+        run.text = tokenizer.decode(run.tokens, skip_special_tokens=True)
     return run
 
 

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from diagnostics.drafters import NgramDrafter, fit_vocabulary
-from diagnostics.engine import CORRECT, EngineError, EngineSeams, PositionRecord, Run, _decode_one, _top
+from diagnostics.engine import CORRECT, EngineError, EngineSeams, PositionRecord, Run, _decode_one, _top, finish, rounds
 from diagnostics.metrics import entropy, kl_divergence, overshoot_mass, total_variation
 from diagnostics.models import LoadedModel
 from diagnostics.policy import Policy
@@ -111,13 +111,7 @@ def generate_tree(
               policy=policy, draft_policy=draft_policy, tree=spec)
     committed = list(prompt)
     start = time.perf_counter()
-    while len(run.tokens) < max_new_tokens:
-        if should_stop is not None and should_stop():
-            run.status, run.stop_reason = "interrupted", "stopped"
-            break
-        position = len(run.tokens)
-        budget = max_new_tokens - position
-
+    for position, budget in rounds(run, max_new_tokens, should_stop):
         def uniform(depth: int, index: int, _position: int = position) -> float:
             return uniform_scalar(seed, _position + depth - 1, "draft", index)
 
@@ -145,10 +139,7 @@ def generate_tree(
         if result.finished:
             run.stop_reason = "eos"
             break
-    run.time_s = time.perf_counter() - start
-    if loaded.tokenizer is not None:
-        run.text = loaded.tokenizer.decode(run.tokens, skip_special_tokens=True)
-    return run
+    return finish(run, start, loaded.tokenizer)
 
 
 def _keep_records(run: Run, rule: Rule, draft: DraftTree, p_laws: torch.Tensor, steps: dict[int, NodeSteps],
