@@ -136,6 +136,34 @@ def test_recorded_run_replays_cleanly(tmp_path) -> None:
     assert result.max_p_difference < 1e-4 and result.positions > 0
 
 
+@pytest.mark.parametrize("rule, children", [("lenience:0.5", "top"), ("lossless", "sample"), ("lossless", "sample-distinct")])
+def test_recorded_tree_run_replays_cleanly_and_a_tampered_node_is_flagged(tmp_path, rule: str, children: str) -> None:
+    """A tree run's positions replay node by node: each candidate's ``a_j`` from the recomputed ``p``,
+    each decision from its coin, each fallback from ``r_{K+1}``; a stored coin changed is caught."""
+    import duckdb
+    from tiny_models import save_tiny_model
+
+    from diagnostics.audit import audit_recorded_run
+    from diagnostics.models import load_model
+    from diagnostics.runner import RunRequest, record_run
+    from diagnostics.store import Store
+
+    target = load_model(save_tiny_model(tmp_path / "tiny", seed=0, layers=3))
+    store = Store(tmp_path / "runs.duckdb")
+    run_id, run = record_run(store, target, "early-exit:2", RunRequest(prompt="w1 w2 w3 w4", rule=rule, draft="early-exit:2",
+                                                                       tree="3,2", tree_children=children, max_new_tokens=30,
+                                                                       seed=3, raw=True))
+    result = audit_recorded_run(store, run_id, target)
+    assert result.verdict == "pass", result.flags
+    assert {record.kind for record in run.records} >= {"accepted", "rejected"}
+    refused = store.tree_nodes(run_id).query("decision == 'refused'").iloc[0]
+    with duckdb.connect(str(store.path)) as con:
+        con.execute("UPDATE tree_nodes SET u_accept = 0.0 WHERE run_id = ? AND block = ? AND node = ?",
+                    [run_id, int(refused["block"]), int(refused["node"])])
+    tampered = audit_recorded_run(store, run_id, target)
+    assert tampered.verdict == "fail" and any(flag["check"] == "replay" for flag in tampered.flags)
+
+
 def test_recorded_run_with_a_stale_cache_is_flagged(tmp_path, monkeypatch) -> None:
     from diagnostics.audit import audit_recorded_run
 

@@ -38,6 +38,40 @@ class RecordedAudit:
         return asdict(self)
 
 
+def _replay_tree_node(run: dict, rule, record: dict, nodes, p_target: torch.Tensor, q_draft: torch.Tensor | None,
+                      tolerance: float, flag) -> None:
+    """A tree position: the node's candidates (from the stored nodes) tried in order against the
+    recomputed ``p`` must give the stored ``a_j``, the stored decisions from the stored coins, and
+    (all refused) the emitted token from ``r_{K+1}`` at ``u_fallback``."""
+    from diagnostics.tree_walk import node_steps
+
+    position, node = int(record["position"]), record.get("tree_node")
+    if nodes is None or nodes.empty or node is None or node != node:
+        flag(position, "tree nodes", "the run is a tree run but this file holds no nodes for the round")
+        return
+    children = nodes[nodes["parent"] == int(node)].sort_values("sibling")
+    mode = run.get("tree_children") or "top"
+    tokens = [int(token) for token in children["token"]]
+    q_law = q_draft if q_draft is not None and mode != "top" else torch.zeros_like(p_target)
+    accept, _residual, rest, _law = node_steps(rule, p_target, q_law, tokens, mode != "top", mode == "sample-distinct")
+    kept = None
+    for a_value, row in zip(accept, children.itertuples()):
+        if abs(a_value - float(row.accept_prob)) > tolerance:
+            flag(position, "a(x) recomputed", f"candidate {row.token}: recorded {row.accept_prob:.6f}, recomputed {a_value:.6f}")
+        if row.decision == "untried" or kept is not None:
+            continue
+        if (row.u_accept < a_value) != (row.decision == "accepted"):
+            flag(position, "replay", f"candidate {row.token}: u = {row.u_accept:.6f}, a = {a_value:.6f} but recorded {row.decision}")
+        if row.decision == "accepted":
+            kept = int(row.token)
+    if record["kind"] == "accepted" and kept != int(record["token"]):
+        flag(position, "replay", f"recorded token {record['token']} is not the accepted candidate {kept}")
+    if record["kind"] == "rejected":
+        expected = int(sample_inverse_cdf(rest, torch.tensor(record["u_fallback"])))
+        if expected != record["token"]:
+            flag(position, "fallback replay", f"u = {record['u_fallback']:.6f} gives {expected}, recorded {record['token']}")
+
+
 def audit_recorded_run(store, run_id: str, target=None, z_limit: float = 4.0, p_tolerance: float = 1e-4) -> RecordedAudit:
     """Replay a stored run: ``accept ⇔ u_accept < a(x)`` at every verified position; no drafted
     token with ``q(x) = 0`` and no emitted token with ``p(y) = 0``; the accepted count against
@@ -64,6 +98,11 @@ def audit_recorded_run(store, run_id: str, target=None, z_limit: float = 4.0, p_
     # Every position's laws from one forward per model (a forward per position made this O(n²)).
     laws = RunLaws(run, [int(record["token"]) for record in records], target, draft_model(run, target)) \
         if target is not None else None
+    tree_nodes = store.tree_nodes(run_id) if run.get("tree") else None
+
+    def nodes_of(block: int):
+        return tree_nodes[tree_nodes["block"] == block] if tree_nodes is not None else None
+
     accepted = 0
     alpha_sum = variance = 0.0
     max_difference = None
@@ -96,6 +135,9 @@ def audit_recorded_run(store, run_id: str, target=None, z_limit: float = 4.0, p_
             expected = int(sample_inverse_cdf(rule.bonus(p_target), torch.tensor(record["u_fallback"])))
             if expected != record["token"]:
                 flag(position, "bonus replay", f"u = {record['u_fallback']:.6f} gives {expected}, recorded {record['token']}")
+            continue
+        if run.get("tree"):
+            _replay_tree_node(run, rule, record, nodes_of(int(record["block"])), p_target, q_draft, p_tolerance, flag)
             continue
         accept = float(rule.accept_prob(p_target, q_draft)[int(record["draft_token"])])
         if abs(accept - record["accept_prob"]) > p_tolerance:
