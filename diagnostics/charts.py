@@ -480,9 +480,7 @@ def tree_candidates_figure(view: "object", top_n: int = 20, emitted_token: int |
     height = max(float(p_target[tokens].max()), float(view.law[tokens].max()), 1e-9)
     marks = []
     for order, candidate in enumerate(view.candidates, start=1):
-        coin = candidate["u_accept"]
-        coin_text = "not tried" if coin is None or coin != coin else f"u = {coin:.3f}"
-        marks.append((candidate["index"], f"c{order}: a = {candidate['accept_prob']:.3f}, {coin_text}, {candidate['decision']}",
+        marks.append((candidate["index"], f"c{order} {candidate['decision']}, a={candidate['accept_prob']:.2f}",
                       "triangle-down", "#2ca02c" if candidate["decision"] == "accepted" else "#d62728"
                       if candidate["decision"] == "refused" else "#7f7f7f"))
     if emitted_token is not None:

@@ -104,3 +104,15 @@ def modelled_speedup(alpha: float, gamma: int, cost_ratio: float) -> float:
     if gamma == 0 or alpha != alpha:
         return 1.0
     return float(expected_block_efficiency(alpha, gamma)) / (gamma * cost_ratio + 1.0)
+
+
+def modelled_tree_speedup(tokens_per_round: float, depth: int, cost_ratio: float) -> float:
+    """Speed-up of tree verification over plain decoding: tokens per round (one target forward)
+    over the round's cost in target forwards, ``E / (D·c + 1)``: ``D`` draft forwards (one per
+    level, each over that level's nodes) at ``c`` each. ``c`` is a single draft step's cost, so
+    a level with many nodes counts as one step (true while the draft is memory-bound, as on a GPU)."""
+    if cost_ratio < 0:
+        raise ValueError(f"the cost ratio must be >= 0, got {cost_ratio}")
+    if depth <= 0 or tokens_per_round != tokens_per_round:
+        return 1.0
+    return float(tokens_per_round) / (depth * cost_ratio + 1.0)

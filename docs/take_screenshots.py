@@ -1,6 +1,7 @@
 """Retake the README screenshots from real runs of the embedded model in headless chromium.
 
-Run: ``python docs/take_screenshots.py`` (needs Debian's chromium). It records, in a temporary
+Run: ``python docs/take_screenshots.py [--tree]`` (needs Debian's chromium); ``--tree`` retakes
+only ``docs/inspect_tree.png`` (Inspect on a tree run). It records, in a temporary
 database, a coupled group on the embedded SmolLM2-135M (lossless, lenience:0.5, typical:0.1;
 the first seed whose lenience run leaves the lossless one), a recorded-run audit of the lenience
 run, then starts the dashboard on that database, drives every page, prints how long each took
@@ -44,10 +45,69 @@ def _record(db: Path) -> dict:
     return {"group": group, "lossy": lossy, "divergence": divergence[lossy], "audit": audit_id}
 
 
+def _record_tree(db: Path) -> dict:
+    """A lenience:0.5 tree run (3,2,1, top-k children, early-exit:26) on the embedded model, and a
+    position where every candidate was refused (else one where a later candidate was kept)."""
+    from diagnostics.models import load_draft, load_model
+    from diagnostics.runner import RunRequest, record_run
+    from diagnostics.store import Store
+
+    store = Store(db)
+    target = load_model("default")
+    draft = load_draft("early-exit:26", target)
+    request = RunRequest(prompt=PROMPT, rule="lenience:0.5", draft="early-exit:26", tree="3,2,1", max_new_tokens=48, seed=1)
+    run_id, run = record_run(store, target, draft, request)
+    nodes = store.tree_nodes(run_id)
+    later_kept = nodes[(nodes["decision"] == "accepted") & (nodes["sibling"] > 0)]
+    rejected = [record.position for record in run.records if record.kind == "rejected"]
+    if rejected:
+        position = rejected[0]
+    elif not later_kept.empty:
+        block = int(later_kept.iloc[0]["block"])
+        position = next(record.position for record in run.records if record.block == block and record.kind == "accepted")
+    else:
+        position = 0
+    print(f"tree run {run_id}: {len(run.tokens)} tokens in {run.blocks} rounds; position {position}", flush=True)
+    return {"run": run_id, "position": position}
+
+
+def tree_screenshot() -> int:
+    """``docs/inspect_tree.png``: Inspect on a tree run of the embedded model, at a position whose
+    candidates were tried in turn, with the round's tree below."""
+    from browser_support import CHROMIUM_ARGS, chromium_path, streamlit_server
+    from playwright.sync_api import sync_playwright
+
+    folder = Path(tempfile.mkdtemp(prefix="screens-"))
+    db = folder / "runs.duckdb"
+    made = _record_tree(db)
+    with streamlit_server({"SPECLAB_DB": str(db)}) as url, sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1500})
+        started = time.monotonic()
+        page.goto(f"{url}/inspect?run={made['run']}&pos={made['position']}")
+        page.locator("h3", has_text=f"Position {made['position']}:").wait_for(timeout=180_000)
+        page.get_by_text("This round's tree").first.wait_for(timeout=60_000)
+        print(f"first open of the tree run on Inspect: {time.monotonic() - started:.1f} s", flush=True)
+        page.set_viewport_size({"width": 1400, "height": 2900})
+        page.wait_for_timeout(2000)
+        page.locator("h3", has_text=f"Position {made['position']}:").scroll_into_view_if_needed()
+        page.wait_for_timeout(800)
+        page.screenshot(path=str(ROOT / "docs" / "inspect_tree.png"))
+        other = made["position"] + 1
+        started = time.monotonic()
+        page.locator(f'.tok[data-position="{other}"]').click()
+        page.locator("h3", has_text=f"Position {other}:").wait_for(timeout=30_000)
+        print(f"a click on the next token to its charts: {time.monotonic() - started:.1f} s", flush=True)
+        browser.close()
+    return 0
+
+
 def main() -> int:
     from browser_support import CHROMIUM_ARGS, chromium_path, streamlit_server
     from playwright.sync_api import sync_playwright
 
+    if "--tree" in sys.argv[1:]:
+        return tree_screenshot()
     folder = Path(tempfile.mkdtemp(prefix="screens-"))
     db = folder / "runs.duckdb"
     made = _record(db)

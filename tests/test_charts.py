@@ -135,3 +135,30 @@ def test_tracks_add_log_likelihood_and_kl_and_label_the_divergence_once() -> Non
     assert abs(log_p["y"][1] - torch.log(torch.tensor(0.25)).item()) < 1e-6
     labels = [a["text"] for a in figure["layout"]["annotations"] if a["text"] == "first divergence"]
     assert labels == ["first divergence"]
+
+
+def test_tree_figures_escape_token_text_and_mark_the_path() -> None:
+    import pandas as pd
+
+    from diagnostics.charts import tree_round_figure
+
+    payload = "<img src=x onerror=alert(1)>"
+    nodes = pd.DataFrame([
+        {"node": 0, "parent": -1, "depth": 1, "sibling": 0, "token": 5, "token_text": payload, "p_token": 0.2, "q_token": 0.5,
+         "residual": 0.2, "accept_prob": 0.2, "u_accept": 0.7, "decision": "refused", "reach": 0.2},
+        {"node": 1, "parent": -1, "depth": 1, "sibling": 1, "token": 6, "token_text": "b", "p_token": 0.3, "q_token": 0.3,
+         "residual": 0.375, "accept_prob": 0.375, "u_accept": 0.1, "decision": "accepted", "reach": 0.3},
+        {"node": 2, "parent": 1, "depth": 2, "sibling": 0, "token": 7, "token_text": "c", "p_token": 0.9, "q_token": float("nan"),
+         "residual": 0.9, "accept_prob": 0.9, "u_accept": float("nan"), "decision": "untried", "reach": 0.27},
+    ])
+    spec = tree_round_figure(nodes, selected_node=1).to_json()
+    assert payload not in spec and "&lt;img" in spec
+    traces = {trace.name: trace for trace in tree_round_figure(nodes).data if trace.name}
+    assert set(traces) == {"accepted", "refused", "untried"} and list(traces["accepted"].x) == [1]
+
+
+def test_modelled_tree_speedup() -> None:
+    from diagnostics.metrics import modelled_tree_speedup
+
+    assert modelled_tree_speedup(3.0, 3, 0.5) == 3.0 / 2.5
+    assert modelled_tree_speedup(float("nan"), 3, 0.5) == 1.0

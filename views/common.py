@@ -8,10 +8,26 @@ from urllib.parse import quote, urlencode
 
 import streamlit as st
 
-from diagnostics.inspection import RunLaws, as_list, draft_model, models_to_load, target_spec
 from diagnostics.cost import draft_cost_ratio
-from diagnostics.metrics import modelled_speedup, verified_acceptance
-from diagnostics.models import LoadedModel, ModelError, layer_count, load_model, parse_draft
+from diagnostics.inspection import (
+    RunLaws,
+    as_list,
+    draft_model,
+    models_to_load,
+    target_spec,
+)
+from diagnostics.metrics import (
+    modelled_speedup,
+    modelled_tree_speedup,
+    verified_acceptance,
+)
+from diagnostics.models import (
+    LoadedModel,
+    ModelError,
+    layer_count,
+    load_model,
+    parse_draft,
+)
 from diagnostics.store import Store, StoreError, default_db_path
 from diagnostics.untrusted import markdown_literal, visible
 
@@ -229,7 +245,14 @@ def headline_metrics(run: dict, positions, target: LoadedModel | None, key: str)
     gamma = int(run.get("gamma") or 0)
     columns = st.columns(6)
     cost = cost_ratio_input(run, target, key, columns[5])
-    speedup = modelled_speedup(alpha, gamma, cost) if cost is not None else 1.0
+    tree = run.get("tree")
+    if cost is None:
+        speedup = 1.0
+    elif tree:  # a round's tokens are measured (block efficiency); its cost is one draft forward per level
+        efficiency = run.get("block_efficiency")
+        speedup = modelled_tree_speedup(float("nan") if efficiency is None else float(efficiency), gamma, cost)
+    else:
+        speedup = modelled_speedup(alpha, gamma, cost)
     figures = [
         ("acceptance α", alpha), ("block efficiency", run.get("block_efficiency")), ("modelled speed-up", speedup),
         ("mean TV(P, p)", run.get("mean_tv_target")), ("mean TV(P, baseline)", run.get("mean_tv_baseline")),
@@ -238,6 +261,12 @@ def headline_metrics(run: dict, positions, target: LoadedModel | None, key: str)
         shown = "–" if value is None or value != value else f"{value:.3f}" + ("×" if name == "modelled speed-up" else "")
         column.metric(name, shown, help=METRIC_HELP[name])  # literal-ok: names from the list above
     rate, speed = run.get("acceptance_rate"), run.get("tokens_per_s")
+    if tree:
+        st.caption(f"Details: {accepted} positions kept a drafted node and {rejected} refused every candidate; "  # literal-ok: counts and formatted numbers
+                   f"{int(run.get('drafted') or 0)} nodes drafted in {int(run.get('target_passes') or 0)} rounds "
+                   f"(one target forward each); modelled speed-up = tokens per round / (depth·c + 1); wall clock on the "
+                   f"machine that ran it: {'–' if speed is None or speed != speed else f'{speed:.1f}'} tokens/s.")
+        return
     st.caption(f"Details: {accepted} accepted and {rejected} rejected of {int(run.get('drafted') or 0)} drafted tokens "  # literal-ok: counts and formatted numbers
                f"(acceptance rate over every drafted token, discarded ones included: {'–' if rate is None or rate != rate else f'{rate:.3f}'}); "
                f"wall clock on the machine that ran it: {'–' if speed is None or speed != speed else f'{speed:.1f}'} tokens/s.")

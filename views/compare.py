@@ -24,7 +24,7 @@ from diagnostics.divergence import decision_line, divergence_reason, tree_decisi
 from diagnostics.engine import EngineError
 from diagnostics.explain import explain_step
 from diagnostics.inspection import position_view, target_spec, tree_node_view
-from diagnostics.metrics import modelled_speedup
+from diagnostics.metrics import modelled_speedup, modelled_tree_speedup
 from diagnostics.models import ModelError, load_draft
 from diagnostics.rules import RuleError, get_rule
 from diagnostics.store import StoreError
@@ -159,7 +159,12 @@ heading.subheader("Across seeds" if len(seeds) > 1 else "Summary")
 cost = cost_ratio_input(reference.to_dict(), target_if_allowed(reference.to_dict()), "cmp", cost_box)
 for row in members.itertuples():
     alpha = figures[row.run_id]["acceptance α"]
-    figures[row.run_id]["modelled speed-up"] = modelled_speedup(alpha, int(row.gamma or 0), cost) if cost is not None else 1.0
+    if cost is None:
+        figures[row.run_id]["modelled speed-up"] = 1.0
+    elif isinstance(getattr(row, "tree", None), str) and row.tree:  # tokens per round over D draft levels + 1
+        figures[row.run_id]["modelled speed-up"] = modelled_tree_speedup(figures[row.run_id]["block efficiency"], int(row.gamma or 0), cost)
+    else:
+        figures[row.run_id]["modelled speed-up"] = modelled_speedup(alpha, int(row.gamma or 0), cost)
 summary = summarise(members.assign(rule=members["label"]), figures)
 shown = pd.DataFrame({"rule": summary["rule"], "seeds": summary["seeds"]})
 
