@@ -120,12 +120,12 @@ def generate_tree(
         p_laws = seams.target_laws(logits, policy, len(draft.tree.tokens))
         steps = seams.tree_steps(rule, draft, p_laws, spec.children)
         result = walk(rule, draft, p_laws, steps, seed, position, eos, budget)
-        reach = reach_probabilities(draft, steps)
-        round_ = RoundRecord(block=run.blocks, position=position, nodes=len(draft.tree.tokens),
-                             depth=max(draft.tree.depths, default=0),
-                             expected_tokens=expected_tokens(draft, reach, eos, budget),
-                             emitted=len(result.decisions), accepted=len(result.path))
-        if record:
+        if record:  # the exact expectation needs every node's steps; a run that records nothing skips them
+            reach = reach_probabilities(draft, steps)
+            round_ = RoundRecord(block=run.blocks, position=position, nodes=len(draft.tree.tokens),
+                                 depth=max(draft.tree.depths, default=0),
+                                 expected_tokens=expected_tokens(draft, reach, eos, budget),
+                                 emitted=len(result.decisions), accepted=len(result.path))
             _keep_records(run, rule, draft, p_laws, steps, result, reach, round_, loaded.tokenizer, top_k_record,
                           on_record, on_round)
         run.blocks += 1

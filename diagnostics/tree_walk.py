@@ -23,7 +23,7 @@ budget: ``E = Σ_v reach(v) + 1 − Σ_{v ends the round without a draw} reach(v
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -103,21 +103,44 @@ def node_steps(rule: Rule, p_node: torch.Tensor, q_node: torch.Tensor, tokens: l
     return accept, residual, r_node, law
 
 
+class NodeStepsMap(Mapping):
+    """The steps at every node with children (−1: the root), each computed when first asked for:
+    a walk visits one node per depth, so a generation that records nothing never pays for the
+    rest of the tree; reading every value (``reach_probabilities``) computes them all."""
+
+    def __init__(self, compute: Callable[[int, list[int]], NodeSteps], children: dict[int, list[int]]) -> None:
+        self._compute = compute
+        self._children = children
+        self._done: dict[int, NodeSteps] = {}
+
+    def __getitem__(self, node: int) -> NodeSteps:
+        if node not in self._done:
+            if node not in self._children:
+                raise KeyError(node)
+            self._done[node] = self._compute(node, self._children[node])
+        return self._done[node]
+
+    def __iter__(self):
+        return iter(self._children)
+
+    def __len__(self) -> int:
+        return len(self._children)
+
+
 def all_node_steps(rule: Rule, draft: DraftTree, p_laws: torch.Tensor, mode: str,
-                   steps_of: Callable[..., tuple] = node_steps) -> dict[int, NodeSteps]:
-    """Steps at every node that has children, keyed by node (−1: the root). ``steps_of``: an
-    audit's planted bug may replace ``node_steps``."""
+                   steps_of: Callable[..., tuple] = node_steps) -> NodeStepsMap:
+    """Steps at every node that has children, keyed by node (−1: the root), computed on first use.
+    ``steps_of``: an audit's planted bug may replace ``node_steps``."""
     sampled = mode != "top"
-    steps: dict[int, NodeSteps] = {}
-    for row, children in enumerate(draft.children):
-        if not children:
-            continue
-        node = row - 1
-        tokens = [draft.tree.tokens[child] for child in children]
-        accept, residual, rest, law = steps_of(rule, p_laws[row], draft.q_laws[row], tokens, sampled,
-                                                 mode == "sample-distinct")
-        steps[node] = NodeSteps(node, children, accept, residual, rest, law)
-    return steps
+    children = {row - 1: kids for row, kids in enumerate(draft.children) if kids}
+
+    def compute(node: int, kids: list[int]) -> NodeSteps:
+        tokens = [draft.tree.tokens[child] for child in kids]
+        accept, residual, rest, law = steps_of(rule, p_laws[node + 1], draft.q_laws[node + 1], tokens, sampled,
+                                               mode == "sample-distinct")
+        return NodeSteps(node, kids, accept, residual, rest, law)
+
+    return NodeStepsMap(compute, children)
 
 
 def reach_probabilities(draft: DraftTree, steps: dict[int, NodeSteps]) -> list[float]:
