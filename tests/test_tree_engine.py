@@ -19,7 +19,7 @@ from diagnostics.rng import sample_inverse_cdf
 from diagnostics.rules import get_rule, get_tree_rule
 from diagnostics.tiny import tiny_llama
 from diagnostics.tree_attention import TokenTree
-from diagnostics.tree_draft import DraftTree, TreeSpecError, parse_tree
+from diagnostics.tree_draft import DraftTree, TreeSpecError, parse_tree, spec_from_text
 from diagnostics.tree_walk import all_node_steps, node_steps, walk
 
 PROMPT = [1, 5, 2, 7, 1, 5, 2, 8]
@@ -238,6 +238,10 @@ def test_bad_tree_settings_get_one_line_errors(target, draft) -> None:
         parse_tree("1," * 40 + "1")
     assert parse_tree(None) is None and parse_tree("3, 2, 1").text == "3,2,1"
     assert parse_tree(budget=16).text == "budget 16, depth 5"
+    for spec in (parse_tree("3,2,1", children="sample"), parse_tree(budget=16, depth=4)):  # what runs.tree stores reads back
+        assert spec_from_text(spec.text, spec.children) == spec
+    with pytest.raises(TreeSpecError):
+        spec_from_text("budget 999, depth 5", "top")
 
 
 def test_sampled_children_use_keyed_uniforms() -> None:
