@@ -191,7 +191,20 @@ class _Building:
 
 
 def _top_children(q_draft: torch.Tensor, k: int) -> list[int]:
-    order = torch.sort(-q_draft, stable=True).indices[: min(k, q_draft.shape[-1])]
+    """The ``k`` most likely tokens with ``q > 0``, in decreasing ``q``, ties by lower id.
+
+    ``topk`` of a few more than ``k`` then a stable order among them: a full sort of a
+    49,152-token law per expanded node cost a tenth of a tree round on CPU. A tie running past
+    the extra margin falls back to the full sort, so the order is always the documented one."""
+    vocab = q_draft.shape[-1]
+    k = min(k, vocab)
+    margin = min(vocab, k + 8)
+    values, ids = torch.topk(q_draft, margin)
+    if margin < vocab and k > 0 and float(values[-1]) == float(values[k - 1]):
+        order = torch.sort(-q_draft, stable=True).indices[:k].tolist()
+    else:
+        order = sorted(zip((-values).tolist(), ids.tolist()))[:k]
+        order = [token for _, token in order]
     return [int(token) for token in order if q_draft[token] > 0]
 
 

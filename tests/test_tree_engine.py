@@ -256,3 +256,18 @@ def test_sampled_children_use_keyed_uniforms() -> None:
     assert accept[1] == pytest.approx(min(1.0, (0.1 / 0.2) / (0.2 / 0.3)))
     sampled = sample_inverse_cdf(q, torch.tensor([0.1, 0.95], dtype=torch.float64)[None])[0]
     assert sampled.tolist() == [0, 2]
+
+
+def test_top_children_are_the_stable_top_k_of_q() -> None:
+    """The fast top-k (``topk`` plus a margin) gives exactly the stable sort's order, ties included."""
+    from diagnostics.tree_draft import _top_children
+
+    generator = torch.Generator().manual_seed(0)
+    for trial in range(300):
+        vocab = int(torch.randint(2, 60, (1,), generator=generator))
+        q_draft = torch.softmax(torch.randn(vocab, generator=generator, dtype=torch.float64), -1)
+        if trial % 3 == 0:  # coarse values: many ties, and zeros
+            q_draft = torch.round(q_draft * 20) / 20
+        k = int(torch.randint(1, vocab + 3, (1,), generator=generator))
+        expected = [int(token) for token in torch.sort(-q_draft, stable=True).indices[:k] if q_draft[token] > 0]
+        assert _top_children(q_draft, k) == expected
