@@ -458,8 +458,11 @@ def tree_candidates_figure(view: "object", top_n: int = 20, emitted_token: int |
         score = torch.stack([p_target, view.law]).amax(0)
         tokens = torch.topk(score, top_n).indices.tolist()
         tokens += [int(token) for token in must if token is not None and int(token) not in tokens]
-    tokens = sorted(set(tokens), key=lambda token: (-float(p_target[token]), token))
-    labels = [safe_label(view.labels[index]) for index in tokens]
+    # The candidates first, in the order they were tried, then the rest by p.
+    tried = list(dict.fromkeys(int(candidate["index"]) for candidate in view.candidates))
+    tokens = tried + sorted(set(tokens) - set(tried), key=lambda token: (-float(p_target[token]), token))
+    # A space is drawn as ␣: " In" and "In" are different tokens, and a draft often proposes the other.
+    labels = [safe_label(view.labels[index]).replace(" ", "␣") for index in tokens]
     if len(set(labels)) != len(labels):
         labels = [f"{index}:{label}" for index, label in zip(tokens, labels)]
     figure = go.Figure()
@@ -468,7 +471,7 @@ def tree_candidates_figure(view: "object", top_n: int = 20, emitted_token: int |
     for step, law in enumerate(view.laws):
         if step < count:
             candidate = view.candidates[step]
-            name = "r₁ = p" if step == 0 else f"r{step + 1}: after refusing {safe_label(view.candidates[step - 1]['label'], 16)}"
+            name = "r₁ = p" if step == 0 else f"r{step + 1}: after refusing {safe_label(view.candidates[step - 1]['label'], 16).replace(' ', '␣')}"
         else:
             name = "fallback law (every candidate refused)"
         color = COLORS["fallback"] if step == count else shades[min(step, len(shades) - 1)]
@@ -487,7 +490,7 @@ def tree_candidates_figure(view: "object", top_n: int = 20, emitted_token: int |
         marks.append((emitted_token, "emitted", "star", "#000000"))
     _mark_tokens(figure, labels, tokens, marks, height)
     figure.update_layout(barmode="group", height=420, margin={"l": 10, "r": 10, "t": 40, "b": 10},
-                         title="Candidates in the order they were tried, and the law after each refusal",
+                         title="Candidates (left, in the order tried) and the law after each refusal; then the likeliest tokens",
                          legend={"orientation": "v", "x": 1.02, "y": 1}, yaxis_title="probability")
     return figure
 
@@ -515,11 +518,13 @@ def _tree_layout(parents: list[int]) -> list[float]:
     return [root] + slots
 
 
-def tree_round_figure(nodes: "object", selected_node: int | None = None) -> go.Figure:
-    """One round's drafted tree: nodes by depth (the root, the last committed token, at depth 0),
-    edges to their parents, the accepted path in green, refused nodes red, untried grey; hover
+def tree_round_figure(nodes: "object", selected_node: int | None = None, decode=None) -> go.Figure:
+    """One round's drafted tree (``decode``: token id → text, else the stored texts): nodes by depth
+    (the root, the last committed token, at depth 0), edges to their parents, the accepted path in green, refused nodes red, untried grey; hover
     gives ``p`` and ``q`` of the token, ``a``, the coin and the probability the walk accepts it."""
     rows = nodes.sort_values("node").to_dict("records")
+    if decode is not None:  # the page's decoder keeps a token's leading space; stored texts may not
+        rows = [{**row, "token_text": decode(int(row["token"]))} for row in rows]
     parents = [int(row["parent"]) for row in rows]
     slots = _tree_layout(parents)
     y_root, y_nodes = slots[0], slots[1:]

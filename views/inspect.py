@@ -174,5 +174,5 @@ if round_nodes is not None and len(round_nodes):
                       "{emitted}", nodes=int(summary["nodes"]), depth=int(summary["depth"]),
                       expected=f"{summary['expected_tokens']:.3f}", emitted=int(summary["emitted"])))
     node = record.get("tree_node")
-    st.plotly_chart(tree_round_figure(round_nodes, selected_node=None if node is None or node != node else int(node)),
-                    key="round_tree")
+    st.plotly_chart(tree_round_figure(round_nodes, selected_node=None if node is None or node != node else int(node),
+                                      decode=decode), key="round_tree")
