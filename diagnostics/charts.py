@@ -12,8 +12,8 @@ import html
 import plotly.graph_objects as go
 import torch
 
+from diagnostics.draft_path import DraftPath
 from diagnostics.explain import StepView
-from diagnostics.sweep import Sweep
 from diagnostics.untrusted import visible
 
 COLORS = {
@@ -227,7 +227,7 @@ def divergence_figure(p_target: torch.Tensor, q_draft: torch.Tensor, steps: list
     return figure
 
 
-def sweep_figure(sweep: Sweep, against: str = "baseline") -> go.Figure:
+def draft_path_figure(sweep: DraftPath, against: str = "baseline") -> go.Figure:
     """Distortion of every rule as ``q`` moves to ``p``; tree rules dashed, truncation limits dotted.
 
     ``against="baseline"`` plots ``TV(P_t, baseline)`` with the limit ``p(Aᶜ)²`` for truncation

@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 from conftest import dirichlet
 
-from diagnostics.charts import law_figure, safe_label, sweep_figure
+from diagnostics.charts import draft_path_figure, law_figure, safe_label
+from diagnostics.draft_path import distortion_path
 from diagnostics.explain import explain_step, rule_table
 from diagnostics.rules import get_rule
-from diagnostics.sweep import distortion_sweep
 from diagnostics.synthetic import make_pair
 
 
@@ -20,7 +20,7 @@ def test_sweep_shows_the_papers_limits() -> None:
     """Truncation levels at p(Aᶜ)²; lenience → 0 single-draft, not in the tree."""
     generator = torch.Generator().manual_seed(2)
     p, q = dirichlet(16, 0.6, generator), dirichlet(16, 0.6, generator)
-    sweep = distortion_sweep(p, q, steps=21, tree_k=1)
+    sweep = distortion_path(p, q, steps=21, tree_k=1)
     for spec in ("cascade:0.5", "typical:0.1"):
         curve = _curve(sweep, spec)
         outside = p[~get_rule(spec).allowed_set(p)].sum().item()
@@ -28,7 +28,7 @@ def test_sweep_shows_the_papers_limits() -> None:
     assert _curve(sweep, "lenience:0.5").tv_target[-1] < 1e-12
     tree = _curve(sweep, "lenience:0.5 (top-1)".join(["tree ", ""]))
     assert abs(tree.tv_target[-1] - (min(1, p.max().item() / 0.5) - p.max().item())) < 1e-12
-    figure = sweep_figure(sweep, "baseline").to_plotly_json()
+    figure = draft_path_figure(sweep, "baseline").to_plotly_json()
     dotted = [trace for trace in figure["data"] if trace["line"]["dash"] == "dot"]
     assert len(dotted) == 2 and {round(t["y"][0], 12) for t in dotted} == {
         round(c.limit_baseline, 12) for c in sweep.curves if c.limit_baseline is not None

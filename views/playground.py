@@ -5,10 +5,10 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from diagnostics.charts import law_figure, sweep_figure
+from diagnostics.charts import draft_path_figure, law_figure
+from diagnostics.draft_path import PATH_RULES, PATH_TREE_RULES, distortion_path
 from diagnostics.explain import explain_step, rule_table
-from diagnostics.rules import RULES, EXAMPLE_SPECS, RuleError, get_rule
-from diagnostics.sweep import SWEEP_RULES, SWEEP_TREE_RULES, distortion_sweep
+from diagnostics.rules import EXAMPLE_SPECS, RULES, RuleError, get_rule
 from diagnostics.synthetic import PRESETS, make_pair
 from views.common import show_error
 
@@ -80,15 +80,15 @@ else:
 st.plotly_chart(law_figure(view), key="law_chart")
 
 st.subheader("Every rule at this pair")
-table = pd.DataFrame(rule_table(pair.p_target, pair.q_draft, SWEEP_RULES + ("lossless",), SWEEP_TREE_RULES + ("lossless",), tree_k))
+table = pd.DataFrame(rule_table(pair.p_target, pair.q_draft, PATH_RULES + ("lossless",), PATH_TREE_RULES + ("lossless",), tree_k))
 st.dataframe(table, hide_index=True, key="rule_table",
              column_config={c: st.column_config.NumberColumn(format="%.4f") for c in table.columns[2:]})
 
 st.subheader("Distortion as the draft improves")
 against = st.radio("Measure distortion against", ["baseline", "target"], horizontal=True, key="against",
                    format_func={"baseline": "matched baseline", "target": "target p"}.get)
-sweep = distortion_sweep(pair.p_target, pair.q_draft, tree_k=tree_k)
-st.plotly_chart(sweep_figure(sweep, against), key="sweep_chart")
+sweep = distortion_path(pair.p_target, pair.q_draft, tree_k=tree_k)
+st.plotly_chart(draft_path_figure(sweep, against), key="sweep_chart")
 st.caption(
     "Truncation rules level off at p(Aᶜ)² against their matched baseline (p(A)·p(Aᶜ) against p): "
     "inside A they follow the draft's shape, not p's. Lenience vanishes single-draft as q → p, "

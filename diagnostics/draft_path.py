@@ -1,4 +1,4 @@
-"""Distortion of every rule as the draft moves toward the target, single-draft and tree.
+"""The Playground's draft path: distortion of every rule as the draft moves toward the target (q → p).
 
 ``q_t = (1 − t)·q_0 + t·p`` for ``t`` from 0 to 1. For each rule and each ``t`` the exact law
 ``P_t`` is computed in closed form (no sampling), then ``TV(P_t, p)`` and
@@ -15,12 +15,12 @@ import torch
 from diagnostics.metrics import total_variation
 from diagnostics.rules import Rule, TreeRule, get_rule, get_tree_rule, top_candidates
 
-SWEEP_RULES: tuple[str, ...] = ("lenience:0.5", "cos:0.4", "cascade:0.5", "typical:0.1", "medusa:0.09,0.3")
-SWEEP_TREE_RULES: tuple[str, ...] = ("lenience:0.5", "cascade:0.5", "typical:0.1")
+PATH_RULES: tuple[str, ...] = ("lenience:0.5", "cos:0.4", "cascade:0.5", "typical:0.1", "medusa:0.09,0.3")
+PATH_TREE_RULES: tuple[str, ...] = ("lenience:0.5", "cascade:0.5", "typical:0.1")
 
 
 @dataclass
-class SweepCurve:
+class PathCurve:
     """One rule's curve: ``t``, distortion against ``p`` and against the matched baseline, acceptance."""
 
     label: str
@@ -35,8 +35,8 @@ class SweepCurve:
 
 
 @dataclass
-class Sweep:
-    curves: list[SweepCurve] = field(default_factory=list)
+class DraftPath:
+    curves: list[PathCurve] = field(default_factory=list)
 
 
 def truncation_limits(rule: Rule, p_target: torch.Tensor) -> tuple[float, float] | None:
@@ -47,14 +47,14 @@ def truncation_limits(rule: Rule, p_target: torch.Tensor) -> tuple[float, float]
     return outside**2, (1.0 - outside) * outside
 
 
-def distortion_sweep(
+def distortion_path(
     p_target: torch.Tensor,
     q_start: torch.Tensor,
-    specs: tuple[str, ...] = SWEEP_RULES,
-    tree_specs: tuple[str, ...] = SWEEP_TREE_RULES,
+    specs: tuple[str, ...] = PATH_RULES,
+    tree_specs: tuple[str, ...] = PATH_TREE_RULES,
     steps: int = 41,
     tree_k: int = 1,
-) -> Sweep:
+) -> DraftPath:
     """Exact distortion curves for ``q_t = (1 − t)·q_0 + t·p``, ``t ∈ [0, 1]`` in ``steps`` points."""
     t = torch.linspace(0.0, 1.0, steps, dtype=torch.float64)
     p = p_target.to(torch.float64)
@@ -62,15 +62,15 @@ def distortion_sweep(
     p_rows = p.expand_as(q_t)
 
     def curve(label: str, spec: str, law: torch.Tensor, baseline: torch.Tensor, acceptance: torch.Tensor,
-              tree: bool, limits: tuple[float, float] | None = None) -> SweepCurve:
-        return SweepCurve(label=label, spec=spec, tree=tree, t=t.tolist(),
+              tree: bool, limits: tuple[float, float] | None = None) -> PathCurve:
+        return PathCurve(label=label, spec=spec, tree=tree, t=t.tolist(),
                           tv_target=total_variation(law, p_rows).tolist(),
                           tv_baseline=total_variation(law, baseline).tolist(),
                           acceptance=acceptance.tolist(),
                           limit_baseline=limits[0] if limits else None,
                           limit_target=limits[1] if limits else None)
 
-    sweep = Sweep()
+    sweep = DraftPath()
     for spec in specs:
         rule = get_rule(spec)
         sweep.curves.append(curve(spec, spec, rule.induced(p_rows, q_t), rule.baseline(p_rows),
