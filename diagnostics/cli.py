@@ -55,16 +55,17 @@ def _rule_help() -> str:
     return "verification rule spec: " + ", ".join(EXAMPLE_SPECS) + " (the numbers are example parameters)"
 
 
-def _add_generation_options(parser: argparse.ArgumentParser, replayable: bool = False) -> None:
-    """The options shared by ``run`` and ``compare``; ``replayable``: ``--prompt`` may give way to ``--replay``."""
+def _add_generation_options(parser: argparse.ArgumentParser, replayable: bool = False, with_prompt: bool = True) -> None:
+    """The options shared by ``run``, ``compare`` and ``sweep``; ``replayable``: ``--prompt`` may give
+    way to ``--replay``; ``with_prompt=False``: no ``--prompt`` (a sweep reads a prompt file)."""
     from diagnostics.runner import RunRequest
 
-    if replayable:
+    if with_prompt and replayable:
         parser.add_argument("--prompt", default=None, help="the user message (chat template applied unless --raw); required unless --replay")
         parser.add_argument("--replay", default=None, metavar="RUN_ID",
                             help="record a stored run (of --db) again with its own target, draft, rule, gamma, seed, token budget, "
                                  "policies, raw flag and prompt (loading the models it names), and say whether it reproduced its tokens")
-    else:
+    elif with_prompt:
         parser.add_argument("--prompt", required=True, help="the user message (chat template applied unless --raw)")
     parser.add_argument("--target", default="default", help="'default' (embedded SmolLM2-135M-Instruct), a hub id or a local path")
     parser.add_argument("--draft", default=None,
@@ -117,6 +118,18 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--seeds", default=None, metavar="LIST",
                          help="run every rule at each of these seeds in one group: 0,1,2 or 0-4 (instead of --seed); "
                               "each seed's first rule is that seed's reference")
+    sweep = commands.add_parser("sweep", help="prompt set × rules × seeds, each rule beside the lossless run and its matched "
+                                               "baseline, with paired bootstrap intervals over prompts")
+    sweep.add_argument("--prompts", default=None, metavar="FILE",
+                       help="a JSONL prompt set (prompt, optional id and checker) or a shipped set: general")
+    sweep.add_argument("--rule", action="append", default=[], metavar="SPEC",
+                       help="a rule, or a range of one parameter: lenience:0.2..1.0:5 (repeat --rule for more)")
+    sweep.add_argument("--seeds", type=int, default=2, help="seeds per prompt (0 … N − 1); intervals resample prompts, then seeds")
+    sweep.add_argument("--resume", default=None, metavar="SWEEP_ID", help="run the units an interrupted sweep is missing")
+    sweep.add_argument("--cost", type=float, default=None, metavar="C",
+                       help="draft/target cost ratio c of one step for the modelled speed-up (default: measured here)")
+    _add_generation_options(sweep, with_prompt=False)
+    sweep.set_defaults(max_new_tokens=32)
     report = commands.add_parser("report", help="one self-contained HTML file for runs (a run or a compared group) and audits")
     report.add_argument("run_ids", nargs="*", metavar="RUN_ID", help="runs to include (their stored audits come with them)")
     report.add_argument("--audit", action="append", default=[], metavar="AUDIT_ID", help="a stored audit to include (repeatable)")
@@ -409,6 +422,66 @@ def _command_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _command_sweep(args: argparse.Namespace) -> int:
+    """``sweep``: run (or resume) a sweep, then print its per-setting figures with intervals as JSON
+    and one verdict line per rule on stderr."""
+    from diagnostics.cost import draft_cost_ratio
+    from diagnostics.evaluation.prompts import load_prompts
+    from diagnostics.evaluation.stats import as_rows, summarise_sweep, sweep_table
+    from diagnostics.evaluation.sweeper import base_request, expand_rules, plan_units, run_sweep, settings_of
+    from diagnostics.models import load_draft, load_model
+    from diagnostics.runner import encode_prompt
+    from diagnostics.store import Store
+
+    if args.cost is not None and args.cost < 0:
+        raise ValueError(f"--cost must be >= 0 (draft step / target step), got {args.cost}")
+    if args.resume:
+        if args.prompts or args.rule:
+            raise ValueError("--resume takes the sweep's own prompts and rules; drop --prompts and --rule")
+        store = Store(args.db)
+        sweep = store.get_sweep(args.resume)
+        if sweep is None:
+            raise ValueError(f"there is no sweep {args.resume!r} in {store.path}; check the id, or pass --db the file that holds it")
+        settings, sweep_id = sweep["settings"], args.resume
+    else:
+        if not args.prompts:
+            raise ValueError("pass --prompts FILE (a JSONL prompt set, or: general), or --resume SWEEP_ID")
+        prompts = load_prompts(args.prompts)
+        rules = expand_rules(args.rule)
+        if args.draft is None and args.target == "default":
+            args.draft = DEFAULT_EARLY_EXIT
+        if args.draft is None:
+            raise ValueError("pass --draft (model:ID_OR_PATH, early-exit:LAYER, ngram:N)")
+        args.prompt = prompts[0].prompt
+        base = _request(args, "lossless")
+        settings = {**settings_of(prompts, rules, args.seeds, base, str(args.prompts)), "target": args.target}
+        store, sweep_id = Store(args.db), None
+    base = base_request(settings)
+    plan_units(settings)  # checks the seeds
+    target = load_model(settings.get("target", "default"), dtype=args.dtype, device=args.device,
+                        trust_remote_code=args.trust_remote_code)
+    draft = load_draft(base.draft, target, dtype=args.dtype, trust_remote_code=args.trust_remote_code)
+    verbose = _progress_wanted(args)
+
+    def on_unit(done: int, total: int, unit) -> None:
+        if verbose:
+            print(f"\rsweep: unit {done}/{total}", end="" if done < total else "\n", file=sys.stderr, flush=True)
+
+    sweep_id = run_sweep(store, target, draft, settings, sweep_id=sweep_id, on_unit=on_unit)
+    cost = args.cost
+    if cost is None:
+        drafter = draft if hasattr(draft, "model") else None
+        cost = draft_cost_ratio(target, drafter, encode_prompt(target, settings["prompts"][0]["prompt"], base.raw))
+    summaries = summarise_sweep(sweep_table(store, sweep_id, cost))
+    sweep = store.get_sweep(sweep_id)
+    print(json.dumps({"sweep_id": sweep_id, "status": sweep["status"], "units": sweep["units"], "units_done": sweep["units_done"],
+                      "cost_ratio": round(cost, 4), "db": str(store.path), "settings": as_rows(summaries)}, ensure_ascii=False))
+    for summary in summaries:
+        if summary.role == "rule":
+            print(summary.verdict(), file=sys.stderr)
+    return 0
+
+
 def _command_report(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -594,6 +667,8 @@ def main(argv: list[str] | None = None) -> int:
             return _command_report(args)
         if args.command == "audit":
             return _command_audit(args)
+        if args.command == "sweep":
+            return _command_sweep(args)
         from diagnostics.bench import run_bench
 
         return run_bench(args)

@@ -212,6 +212,8 @@ def _downgrade(path: Path, version: int) -> None:
     import duckdb
 
     with duckdb.connect(str(path)) as con:
+        con.execute("DROP TABLE sweep_runs")
+        con.execute("DROP TABLE sweeps")
         con.execute("DROP TABLE tree_nodes")
         con.execute("DROP TABLE tree_rounds")
         for table, columns in (("runs", RUN_COLUMNS_ADDED_IN_3), ("positions", POSITION_COLUMNS_ADDED_IN_3)):

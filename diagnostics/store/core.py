@@ -50,6 +50,7 @@ from diagnostics.store.schema import (
     STATUSES,
     schema_problem,
 )
+from diagnostics.store.sweeps import SweepTables
 from diagnostics.store.trees import TreeTables
 from diagnostics.store.validation import content_problem
 
@@ -144,7 +145,7 @@ def _summary_from_positions(con: duckdb.DuckDBPyConnection, run_id: str) -> dict
             "mean_tv_target": mean_tv, "mean_tv_baseline": mean_baseline, "max_tv_target": max_tv}
 
 
-class Store(TreeTables):
+class Store(TreeTables, SweepTables):
     """A DuckDB file of runs. Every method opens and closes its own short connection."""
 
     def __init__(self, path: str | Path | None = None, *, read_only: bool = False, lock_wait_s: float = LOCK_WAIT_S) -> None:
@@ -376,6 +377,7 @@ class Store(TreeTables):
             con.execute(f"DELETE FROM audits WHERE run_id IN ({marks})", run_ids)
             con.execute(f"DELETE FROM tree_nodes WHERE run_id IN ({marks})", run_ids)
             con.execute(f"DELETE FROM tree_rounds WHERE run_id IN ({marks})", run_ids)
+            con.execute(f"DELETE FROM sweep_runs WHERE run_id IN ({marks})", run_ids)
             removed = con.execute(f"DELETE FROM runs WHERE run_id IN ({marks}) RETURNING run_id", run_ids).fetchall()
             con.execute("COMMIT")
         return len(removed)

@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from diagnostics.engine import PositionRecord
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # Read-only opens accept files this old: newer schemas only added tables (read as empty) and
 # trailing columns (read as NULL).
 OLDEST_READABLE = 1
@@ -161,6 +161,29 @@ TREE_NODE_COLUMNS: dict[str, str] = {
 }
 NODE_DECISIONS = ("accepted", "refused", "untried")
 
+SWEEP_COLUMNS: dict[str, str] = {
+    "sweep_id": "VARCHAR PRIMARY KEY",
+    "created": "TIMESTAMP",
+    "finished": "TIMESTAMP",
+    "status": "VARCHAR",  # running, complete, interrupted, failed
+    "settings": "VARCHAR",  # JSON: prompts, rules, seeds and the shared generation settings
+    "units": "INTEGER",  # (prompt, seed) units planned
+    "units_done": "INTEGER",
+    "error": "VARCHAR",
+    "software_version": "VARCHAR",
+}
+SWEEP_RUN_COLUMNS: dict[str, str] = {
+    "sweep_id": "VARCHAR",
+    "unit": "INTEGER",
+    "prompt_id": "VARCHAR",
+    "seed": "BIGINT",
+    "role": "VARCHAR",  # lossless, rule or baseline
+    "label": "VARCHAR",  # the rule spec, or "baseline of SPEC"
+    "rule_for": "VARCHAR",  # a baseline: the rule it is the baseline of
+    "run_id": "VARCHAR",
+}
+SWEEP_ROLES = ("lossless", "rule", "baseline")
+
 
 def create_statement(table: str, columns: dict[str, str], suffix: str = "") -> str:
     return f"CREATE TABLE IF NOT EXISTS {table} (" + ", ".join(f"{name} {sql}" for name, sql in columns.items()) + suffix + ")"
@@ -173,6 +196,8 @@ CREATE = {
     "audits": create_statement("audits", AUDIT_COLUMNS),
     "tree_rounds": create_statement("tree_rounds", TREE_ROUND_COLUMNS, ", PRIMARY KEY (run_id, block)"),
     "tree_nodes": create_statement("tree_nodes", TREE_NODE_COLUMNS, ", PRIMARY KEY (run_id, block, node)"),
+    "sweeps": create_statement("sweeps", SWEEP_COLUMNS),
+    "sweep_runs": create_statement("sweep_runs", SWEEP_RUN_COLUMNS, ", PRIMARY KEY (sweep_id, run_id)"),
 }
 # Migrations from version N to N + 1, applied in order to older files.
 MIGRATIONS: dict[int, list[str]] = {
@@ -180,6 +205,7 @@ MIGRATIONS: dict[int, list[str]] = {
     2: [*(f"ALTER TABLE runs ADD COLUMN {name} {RUN_COLUMNS[name]}" for name in RUN_COLUMNS_ADDED_IN_3),
         *(f"ALTER TABLE positions ADD COLUMN {name} {POSITION_COLUMNS[name]}" for name in POSITION_COLUMNS_ADDED_IN_3),
         CREATE["tree_rounds"], CREATE["tree_nodes"]],
+    3: [CREATE["sweeps"], CREATE["sweep_runs"]],
 }
 
 
@@ -196,6 +222,9 @@ def tables_of(version: int) -> dict[str, dict[str, str]]:
     if version >= 3:
         tables["tree_rounds"] = TREE_ROUND_COLUMNS
         tables["tree_nodes"] = TREE_NODE_COLUMNS
+    if version >= 4:
+        tables["sweeps"] = SWEEP_COLUMNS
+        tables["sweep_runs"] = SWEEP_RUN_COLUMNS
     return tables
 
 

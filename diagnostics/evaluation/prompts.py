@@ -1,0 +1,111 @@
+"""Prompt sets: JSONL files with one ``{"prompt": …, "id": …, "checker": …}`` object per line.
+
+A checker scores an output 1 or 0: ``{"type": "exact", "answer": "Paris"}`` passes when the
+output, trimmed of spaces and final punctuation and compared case-insensitively, is the answer;
+``{"type": "regex", "pattern": "\\\\bParis\\\\b"}`` passes when the pattern occurs in the output
+(case-insensitive). Everything in a prompt file is untrusted text: it is checked on load, with
+one-line errors that name the line.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CHECKERS = ("exact", "regex")
+MAX_PROMPTS = 10_000
+PROMPT_SETS = Path(__file__).resolve().parents[2] / "data" / "prompts"
+
+
+class PromptSetError(ValueError):
+    """A prompt file that cannot be used; the message names the line and what to fix."""
+
+
+@dataclass(frozen=True)
+class PromptItem:
+    """One prompt of a set, with its id (given, or ``line-N``) and optional checker."""
+
+    id: str
+    prompt: str
+    checker: dict[str, Any] | None = field(default=None, hash=False, compare=False)
+
+    def score(self, output: str | None) -> float | None:
+        """1.0 or 0.0 by the checker, ``None`` when the prompt has none."""
+        return score(self.checker, output) if self.checker else None
+
+
+def _normalised(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip().strip(".!?;:,\"'").strip().casefold()
+
+
+def score(checker: dict[str, Any], output: str | None) -> float:
+    """``exact``: the trimmed, case-folded output equals the answer; ``regex``: the pattern occurs."""
+    text = output or ""
+    if checker["type"] == "exact":
+        return float(_normalised(text) == _normalised(str(checker["answer"])))
+    return float(re.search(checker["pattern"], text, flags=re.IGNORECASE) is not None)
+
+
+def _checker(value: Any, where: str) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or value.get("type") not in CHECKERS:
+        raise PromptSetError(f"{where}: checker must be an object with type {' or '.join(CHECKERS)}")
+    if value["type"] == "exact":
+        if not isinstance(value.get("answer"), str) or not value["answer"].strip():
+            raise PromptSetError(f"{where}: an exact checker needs a non-empty \"answer\" string")
+        return {"type": "exact", "answer": value["answer"]}
+    pattern = value.get("pattern")
+    if not isinstance(pattern, str) or not pattern:
+        raise PromptSetError(f"{where}: a regex checker needs a non-empty \"pattern\" string")
+    try:
+        re.compile(pattern)
+    except re.error as error:
+        raise PromptSetError(f"{where}: the regex {pattern[:60]!r} does not compile ({error})") from None
+    return {"type": "regex", "pattern": pattern}
+
+
+def resolve(path: str | Path) -> Path:
+    """A prompt file by path, or by the name of a shipped set (``general`` → ``data/prompts/general.jsonl``)."""
+    candidate = Path(path).expanduser()
+    if candidate.is_file():
+        return candidate
+    shipped = PROMPT_SETS / f"{path}.jsonl"
+    if shipped.is_file():
+        return shipped
+    names = sorted(item.stem for item in PROMPT_SETS.glob("*.jsonl"))
+    raise PromptSetError(f"no prompt file {str(path)[:200]!r}; give a JSONL file or a shipped set: {', '.join(names)}")
+
+
+def load_prompts(path: str | Path) -> list[PromptItem]:
+    """Read and check a JSONL prompt set; ids must be unique."""
+    file = resolve(path)
+    items: list[PromptItem] = []
+    seen: set[str] = set()
+    try:
+        lines = file.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise PromptSetError(f"{file.name} is not UTF-8 text") from None
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{file.name} line {number}"
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise PromptSetError(f"{where} is not JSON ({error.msg})") from None
+        if not isinstance(value, dict) or not isinstance(value.get("prompt"), str) or not value["prompt"].strip():
+            raise PromptSetError(f"{where}: each line needs a non-empty \"prompt\" string")
+        item_id = str(value.get("id", f"line-{number}"))
+        if item_id in seen:
+            raise PromptSetError(f"{where}: the id {item_id[:60]!r} is used twice")
+        seen.add(item_id)
+        items.append(PromptItem(item_id, value["prompt"], _checker(value.get("checker"), where)))
+        if len(items) > MAX_PROMPTS:
+            raise PromptSetError(f"{file.name} has more than {MAX_PROMPTS:,} prompts; split it")
+    if not items:
+        raise PromptSetError(f"{file.name} holds no prompts")
+    return items

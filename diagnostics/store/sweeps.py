@@ -1,0 +1,104 @@
+"""The sweep tables of a runs database: one row per sweep, one per run of a sweep.
+
+A mixin of ``Store``. A sweep's results are always computed from its stored runs, so a sweep can
+be re-analysed (other cost ratio, other statistics) without running anything again; files older
+than schema 4 read as having no sweeps.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import datetime, timezone
+from typing import Any
+
+import pandas as pd
+
+from diagnostics.store.schema import SWEEP_COLUMNS, SWEEP_RUN_COLUMNS
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+class SweepTables:
+    """Writes and reads of ``sweeps`` and ``sweep_runs``."""
+
+    @staticmethod
+    def _has_sweeps(con) -> bool:
+        rows = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'sweeps'").fetchall()
+        return bool(rows[0][0])
+
+    def start_sweep(self, settings: dict[str, Any], units: int) -> str:
+        """Insert a ``running`` sweep with its settings (JSON) and planned unit count; returns its id."""
+        from diagnostics import __version__
+
+        self._writable()
+        sweep_id = uuid.uuid4().hex[:12]
+        with self.connect() as con:
+            con.execute(f"INSERT INTO sweeps ({', '.join(SWEEP_COLUMNS)}) VALUES ({', '.join('?' for _ in SWEEP_COLUMNS)})",
+                        [sweep_id, _now(), None, "running", json.dumps(settings, sort_keys=True), units, 0, None, __version__])
+        return sweep_id
+
+    def set_sweep_status(self, sweep_id: str, status: str, units_done: int | None = None, error: str | None = None) -> None:
+        """The sweep's status (and progress); a final status stamps ``finished``."""
+        self._writable()
+        values: dict[str, Any] = {"status": status, "error": error}
+        if units_done is not None:
+            values["units_done"] = units_done
+        if status != "running":
+            values["finished"] = _now()
+        assignments = ", ".join(f"{key} = ?" for key in values)
+        with self.connect() as con:
+            con.execute(f"UPDATE sweeps SET {assignments} WHERE sweep_id = ?", [*values.values(), sweep_id])
+
+    def add_sweep_runs(self, rows: list[dict[str, Any]]) -> None:
+        """Link runs to their sweep: unit, prompt id, seed, role, label, the rule a baseline is for."""
+        self._writable()
+        if not rows:
+            return
+        with self.connect() as con:
+            con.executemany(f"INSERT INTO sweep_runs ({', '.join(SWEEP_RUN_COLUMNS)}) VALUES ({', '.join('?' for _ in SWEEP_RUN_COLUMNS)})",
+                            [[row.get(name) for name in SWEEP_RUN_COLUMNS] for row in rows])
+
+    def drop_sweep_unit(self, sweep_id: str, unit: int) -> list[str]:
+        """Unlink and delete the runs of one unfinished unit (before it is run again on resume)."""
+        with self.connect() as con:
+            run_ids = [row[0] for row in con.execute("SELECT run_id FROM sweep_runs WHERE sweep_id = ? AND unit = ?",
+                                                      [sweep_id, unit]).fetchall()]
+            con.execute("DELETE FROM sweep_runs WHERE sweep_id = ? AND unit = ?", [sweep_id, unit])
+        self.delete_runs(run_ids)
+        return run_ids
+
+    def get_sweep(self, sweep_id: str) -> dict[str, Any] | None:
+        """One sweep as a dict with ``settings`` parsed, or ``None``."""
+        with self.connect() as con:
+            if not self._has_sweeps(con):
+                return None
+            cursor = con.execute("SELECT * FROM sweeps WHERE sweep_id = ?", [sweep_id])
+            row = cursor.fetchone()
+            names = [column[0] for column in cursor.description]
+        if row is None:
+            return None
+        sweep = dict(zip(names, row))
+        sweep["settings"] = json.loads(sweep["settings"] or "{}")
+        return sweep
+
+    def list_sweeps(self) -> pd.DataFrame:
+        """Sweeps, newest first."""
+        with self.connect() as con:
+            if not self._has_sweeps(con):
+                return pd.DataFrame(columns=list(SWEEP_COLUMNS))
+            return con.execute("SELECT * FROM sweeps ORDER BY created DESC").df()
+
+    def sweep_runs(self, sweep_id: str) -> pd.DataFrame:
+        """The runs of a sweep with their unit, prompt, seed, role and label, joined to each run's
+        status and summary columns."""
+        with self.connect() as con:
+            if not self._has_sweeps(con):
+                return pd.DataFrame(columns=list(SWEEP_RUN_COLUMNS))
+            return con.execute(
+                "SELECT s.*, r.status, r.n_tokens, r.tokens, r.output_text, r.block_efficiency, r.gamma, r.tree, r.time_s, "
+                "r.mean_tv_target, r.mean_tv_baseline, r.divergence_position, r.rule, r.target_passes "
+                "FROM sweep_runs s JOIN runs r USING (run_id) WHERE s.sweep_id = ? ORDER BY s.unit, r.created",
+                [sweep_id]).df()
