@@ -23,6 +23,7 @@ compare_page = st.Page("views/compare.py", title="Compare", icon=":material/comp
 playground_page = st.Page("views/playground.py", title="Playground", icon=":material/science:", url_path="playground")
 audit_page = st.Page("views/audit.py", title="Audit", icon=":material/verified_user:", url_path="audit")
 runs_page = st.Page("views/runs.py", title="Runs", icon=":material/table_rows:", url_path="runs")
+sweep_page = st.Page("views/sweep.py", title="Sweeps", icon=":material/scatter_plot:", url_path="sweeps")
 
 
 def _root() -> None:
@@ -33,6 +34,6 @@ def _root() -> None:
 
 root_page = st.Page(_root, title="Run", icon=":material/play_arrow:", url_path="start", default=True, visibility="hidden")
 
-navigation = st.navigation([root_page, run_page, inspect_page, compare_page, playground_page, audit_page, runs_page])
+navigation = st.navigation([root_page, run_page, inspect_page, compare_page, sweep_page, playground_page, audit_page, runs_page])
 st.sidebar.caption(f"spec-verify-lab {__version__} · runs in " + md("{path}", path=st.session_state.get("shared_db") or default_db_path()))
 navigation.run()

@@ -22,7 +22,7 @@ def open_page(page: str | None = None, query: dict | None = None, timeout: float
     return at
 
 
-PAGES = ["views/run.py", "views/inspect.py", "views/compare.py", "views/playground.py", "views/audit.py", "views/runs.py"]
+PAGES = ["views/run.py", "views/inspect.py", "views/compare.py", "views/sweep.py", "views/playground.py", "views/audit.py", "views/runs.py"]
 
 
 def visit_every_page(shared: str | None = None, run_id: str | None = None, group: str | None = None,

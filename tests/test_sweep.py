@@ -227,3 +227,23 @@ def test_the_sandbox_stops_loops_allocations_and_sockets(source: str, reason: st
 
     outcome = run_program(source, time_limit_s=2, memory_mb=256)
     assert not outcome.passed and re.search(reason, outcome.reason), outcome
+
+
+def test_sweep_page_shows_the_pareto_chart_table_and_verdicts(prompt_file: Path, tiny_target, tmp_path: Path, monkeypatch) -> None:
+    from app_support import open_page
+
+    db = tmp_path / "page.duckdb"
+    store = Store(db)
+    sweep_id = run_sweep(store, tiny_target, "early-exit:2", _settings(prompt_file, ["lenience:0.5", "cascade:0.3"], seeds=1))
+    monkeypatch.setenv("SPECLAB_DB", str(db))
+    at = open_page("views/sweep.py", {"sweep": sweep_id})
+    assert at.title[0].value == "Sweeps" and not at.exception
+    chart = json.loads(at.get("plotly_chart")[0].proto.spec)
+    assert {trace.get("name") for trace in chart["data"]} == {"rule", "baseline", "lossless"}
+    table = at.dataframe[0].value
+    assert list(table["setting"]) == ["lossless", "lenience:0.5", "cascade:0.3", "baseline of cascade:0.3"]
+    assert sum("distortion" in markdown.value for markdown in at.markdown) == 2
+    at.radio(key="sweep_axis").set_value("accuracy").run()
+    assert not at.exception
+    links = [markdown.value for markdown in at.markdown if "/inspect?run=" in markdown.value]
+    assert len(links) == 3  # one per unit of the chosen setting
