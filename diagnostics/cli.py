@@ -133,6 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
     report = commands.add_parser("report", help="one self-contained HTML file for runs (a run or a compared group) and audits")
     report.add_argument("run_ids", nargs="*", metavar="RUN_ID", help="runs to include (their stored audits come with them)")
     report.add_argument("--audit", action="append", default=[], metavar="AUDIT_ID", help="a stored audit to include (repeatable)")
+    report.add_argument("--sweep", action="append", default=[], metavar="SWEEP_ID",
+                        help="a stored sweep to include: its Pareto chart, figures with intervals and verdicts (repeatable)")
+    report.add_argument("--cost", type=float, default=0.5, metavar="C",
+                        help="draft/target cost ratio of one step for the sweeps' modelled speed-up")
     report.add_argument("--db", default=None, help="DuckDB file (default $SPECLAB_DB or data/runs.duckdb)")
     report.add_argument("-o", "--output", required=True, help="the HTML file to write")
     audit = commands.add_parser(
@@ -496,7 +500,10 @@ def _command_report(args: argparse.Namespace) -> int:
         raise ValueError(f"the folder {output.parent} does not exist; create it, or give -o a path in an existing folder")
     store = Store(args.db, read_only=True)
     completion = complete_groups(store, args.run_ids)  # build_report does the same: a group is reported whole
-    text = build_report(store, args.run_ids, args.audit)  # built before the file is opened: no half-written report
+    if args.cost < 0:
+        raise ValueError(f"--cost must be >= 0 (draft step / target step), got {args.cost}")
+    # Built before the file is opened: no half-written report.
+    text = build_report(store, args.run_ids, args.audit, args.sweep, cost=args.cost)
     try:
         output.write_text(text, encoding="utf-8")
     except OSError as error:

@@ -102,14 +102,50 @@ def audit_section(audit: dict[str, Any], index: int) -> str:
 </section>"""
 
 
-def build_report(store: Store, run_ids: list[str], audit_ids: list[str] | None = None) -> str:
+def sweep_section(store: Store, sweep_id: str, index: int, cost: float = 0.5) -> str:
+    """One stored sweep: its settings, the Pareto chart, every setting's figures with intervals, the verdicts."""
+    from diagnostics.charts import pareto_figure
+    from diagnostics.evaluation.stats import summarise_sweep, sweep_table
+
+    sweep = store.get_sweep(sweep_id)
+    if sweep is None:
+        raise StoreError(f"there is no sweep {sweep_id!r} in {store.path}")
+    settings = sweep["settings"]
+    summaries = summarise_sweep(sweep_table(store, sweep_id, cost))
+    chart = (pio.to_html(pareto_figure(summaries), include_plotlyjs=False, full_html=False, div_id=f"sweep-{index}")
+             if summaries else "<p>No unit has finished.</p>")
+
+    def cell(value: tuple[float, float, float]) -> str:
+        mean, low, high = value
+        return "–" if mean != mean else f"{mean:.3f}" + (f" [{low:.3f}, {high:.3f}]" if low == low else "")
+
+    rows = [{"setting": summary.label, "role": summary.role, "units": summary.units,
+             **{name: cell(summary.figures[name]) for name in ("modelled speed-up", "TV(P, baseline)", "path KL", "accuracy")}}
+            for summary in summaries]
+    verdicts = "".join(f'<p class="reason">{_text(summary.verdict())}</p>' for summary in summaries if summary.role == "rule")
+    return f"""
+<section class="run">
+  <h2>Sweep {_text(sweep_id)} <small>{_text(sweep['status'])} · {_number(sweep['units_done'])} of {_number(sweep['units'])} units</small></h2>
+  <p class="meta">prompts {_text(settings.get('prompt_file'))} ({len(settings.get('prompts', []))}) · rules {_text(', '.join(settings.get('rules', [])))} ·
+     {_number(settings.get('seeds'))} seeds · draft {_text(settings.get('request', {}).get('draft'))} · cost ratio c = {cost:g} for the modelled speed-up ·
+     95% intervals: bootstrap over prompts, then seeds</p>
+  {chart}
+  {_table(rows)}
+  {verdicts}
+</section>"""
+
+
+def build_report(store: Store, run_ids: list[str], audit_ids: list[str] | None = None, sweep_ids: list[str] | None = None,
+                 cost: float = 0.5) -> str:
     """HTML text of the report for ``run_ids`` (one run, or a coupled group in order), with the
-    stored audits of those runs and the audits ``audit_ids``. Every member of a compared group
-    one of the runs belongs to is included (the report says which were added); the reproduce
-    line of each run is its ``run --replay`` command against this store's file."""
+    stored audits of those runs, the audits ``audit_ids`` and the sweeps ``sweep_ids`` (their
+    figures at draft/target cost ratio ``cost``). Every member of a compared group one of the
+    runs belongs to is included (the report says which were added); the reproduce line of each
+    run is its ``run --replay`` command against this store's file."""
     audit_ids = list(audit_ids or [])
-    if not run_ids and not audit_ids:
-        raise StoreError("give at least one run id or audit id")
+    sweep_ids = list(sweep_ids or [])
+    if not run_ids and not audit_ids and not sweep_ids:
+        raise StoreError("give at least one run id, audit id or sweep id")
     completion = complete_groups(store, run_ids)
     run_ids = completion.run_ids
     db_path = store.path.absolute()
@@ -150,6 +186,7 @@ def build_report(store: Store, run_ids: list[str], audit_ids: list[str] | None =
   {figure_html}
   <p class="meta">Reproduce: <code>{_text(reproduce_command(run['run_id'], db_path))}</code></p>
 </section>""")
+    sections += [sweep_section(store, sweep_id, index, cost) for index, sweep_id in enumerate(sweep_ids)]
     if audits:
         sections.append('<section class="run"><h2>Losslessness audits</h2>'
                         '<p class="meta">A correct implementation fails an audit with probability at most its level (1% by default).</p>'
@@ -166,8 +203,8 @@ def build_report(store: Store, run_ids: list[str], audit_ids: list[str] | None =
 <table><tr><th>run</th><th>rule</th><th title="first position where the run decides differently from the reference run of its group">first divergence</th>{header_cells}</tr>{rows}</table>
 <p class="meta">Definitions: hover a column title. TV(a, b) = ½ Σ |a − b|; P is the exact law each token was drawn from.</p>"""
                if runs else "")
-    subject = f"target {runs[0][0]['target']}" if runs else f"{len(audits)} audit(s)"
-    title = ", ".join(run["rule"] for run, _ in runs) or "losslessness audits"
+    subject = f"target {runs[0][0]['target']}" if runs else (f"{len(sweep_ids)} sweep(s)" if sweep_ids else f"{len(audits)} audit(s)")
+    title = ", ".join(run["rule"] for run, _ in runs) or ("sweeps" if sweep_ids else "losslessness audits")
     created = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">

@@ -49,7 +49,7 @@ def _shot(page, name: str) -> None:
 
 
 def test_every_page_opens_at_its_own_path_with_material_icons(setup, page) -> None:
-    for path, heading in (("/run", "Run"), ("/inspect", "Inspect a run"), ("/compare", "Compare"),
+    for path, heading in (("/run", "Run"), ("/inspect", "Inspect a run"), ("/compare", "Compare"), ("/sweeps", "Sweeps"),
                           ("/playground", "Playground"), ("/audit", "Audit"), ("/runs", "Runs")):
         page.goto(setup["url"] + path)
         page.get_by_role("heading", name=heading, exact=True).first.wait_for(timeout=60_000)
@@ -57,11 +57,11 @@ def test_every_page_opens_at_its_own_path_with_material_icons(setup, page) -> No
         assert page.get_by_text("Page not found").count() == 0, path
         assert _path_and_query(page)[0] == path
     navigation = page.locator('[data-testid="stSidebarNav"]')
-    assert navigation.locator("a").count() == 6, navigation.inner_text()
+    assert navigation.locator("a").count() == 7, navigation.inner_text()
     # Each entry's icon is a Material symbol (a ligature in the bundled icon font), not an emoji
     # that draws as an empty box without an emoji font.
     icons = navigation.locator('[data-testid="stIconMaterial"]')
-    assert icons.count() == 6 and icons.all_inner_texts() == ["play_arrow", "search", "compare_arrows", "science",
+    assert icons.count() == 7 and icons.all_inner_texts() == ["play_arrow", "search", "compare_arrows", "scatter_plot", "science",
                                                               "verified_user", "table_rows"]
     page.goto(setup["url"] + "/")
     page.get_by_role("textbox", name="Prompt", exact=True).wait_for(timeout=60_000)

@@ -247,3 +247,21 @@ def test_sweep_page_shows_the_pareto_chart_table_and_verdicts(prompt_file: Path,
     assert not at.exception
     links = [markdown.value for markdown in at.markdown if "/inspect?run=" in markdown.value]
     assert len(links) == 3  # one per unit of the chosen setting
+
+
+def test_a_sweep_goes_into_the_report(prompt_file: Path, tiny_target, tmp_path: Path, capsys) -> None:
+    """``report --sweep ID``: the Pareto chart, every setting's figures with intervals, the verdicts;
+    untrusted prompt-file text is escaped."""
+    from diagnostics.cli import main
+
+    hostile = tmp_path / "<img src=x onerror=alert(1)>.jsonl"  # the file name is shown in the report
+    hostile.write_text(json.dumps({"id": "<script>alert(1)</script>", "prompt": "w1 w2 w3"}) + "\n", encoding="utf-8")
+    store = Store(tmp_path / "report.duckdb")
+    sweep_id = run_sweep(store, tiny_target, "early-exit:2", _settings(hostile, ["cascade:0.3"], seeds=2))
+    output = tmp_path / "sweep.html"
+    assert main(["report", "--sweep", sweep_id, "--db", str(store.path), "-o", str(output), "--cost", "0.25"]) == 0
+    text = output.read_text(encoding="utf-8")
+    assert f"Sweep {sweep_id}" in text and "cost ratio c = 0.25" in text and "cascade:0.3: distortion" in text
+    assert "<img src=x" not in text and "&lt;img src=x onerror=alert(1)&gt;.jsonl" in text and "baseline of cascade:0.3" in text
+    assert main(["report", "--sweep", "nope", "--db", str(store.path), "-o", str(output)]) == 2
+    assert "there is no sweep 'nope'" in capsys.readouterr().err

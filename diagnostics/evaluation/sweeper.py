@@ -59,12 +59,12 @@ def expand_rules(specs: list[str]) -> list[str]:
     return expanded
 
 
-def done_units(store: Store, sweep_id: str) -> set[int]:
-    """Units whose every linked run is ``complete``."""
+def done_units(store: Store, sweep_id: str, members: int) -> set[int]:
+    """Units with all ``members`` runs linked and every one ``complete``."""
     runs = store.sweep_runs(sweep_id)
     if runs.empty:
         return set()
-    complete = runs.groupby("unit")["status"].apply(lambda statuses: bool((statuses == "complete").all()))
+    complete = runs.groupby("unit")["status"].apply(lambda statuses: len(statuses) == members and bool((statuses == "complete").all()))
     return {int(unit) for unit, ok in complete.items() if ok}
 
 
@@ -82,11 +82,12 @@ def run_sweep(
     an interruption leaves the sweep ``interrupted`` with the units done so far; ``--resume`` goes on."""
     planned = plan_units(settings)
     base = base_request(settings)
-    for member in unit_members(replace(base, prompt=planned[0].prompt), settings["rules"]):
+    members_per_unit = unit_members(replace(base, prompt=planned[0].prompt), settings["rules"])
+    for member in members_per_unit:
         member.request.validate()  # every member checked before any model work or row
     if sweep_id is None:
         sweep_id = store.start_sweep(settings, len(planned))
-    finished = done_units(store, sweep_id)
+    finished = done_units(store, sweep_id, len(members_per_unit))
     for unit in planned:
         if unit.index not in finished:
             store.drop_sweep_unit(sweep_id, unit.index)
