@@ -275,7 +275,8 @@ def _grow_budget_level(built: _Building, frontier: list[int], budget: int, eos: 
     ranked = sorted([(score, 0, index) for index, score in enumerate(built.score)]
                     + [(score, 1, index) for index, (score, *_rest) in enumerate(candidates)],
                     key=lambda item: (-item[0], item[1], item[2]))[:budget]
-    for _score, is_new, index in sorted(item for item in ranked if item[1] == 1):
+    # Added in candidate order (by parent, then decreasing q): the order a parent tries its children.
+    for index in sorted(index for _score, is_new, index in ranked if is_new):
         _, parent, token, _q = candidates[index]
         built.add(parent, token, built.laws[parent], None)
 

@@ -271,3 +271,23 @@ def test_top_children_are_the_stable_top_k_of_q() -> None:
         k = int(torch.randint(1, vocab + 3, (1,), generator=generator))
         expected = [int(token) for token in torch.sort(-q_draft, stable=True).indices[:k] if q_draft[token] > 0]
         assert _top_children(q_draft, k) == expected
+
+
+def test_budget_trees_keep_the_best_paths_and_try_children_by_decreasing_q(target, draft) -> None:
+    """A budget tree holds the N nodes of highest path probability Π q (closed under ancestors) and
+    each parent's children are in decreasing q, the order they are tried in."""
+    run = generate(target, draft, PROMPT, tree_budget=6, tree_depth=3, max_new_tokens=12, seed=2, eos_token_id=[])
+    for round_ in run.rounds:
+        nodes = [node for node in run.nodes if node.block == round_.block]
+        assert len(nodes) <= 6
+        by_parent: dict[int, list] = {}
+        for node in nodes:
+            by_parent.setdefault(node.parent, []).append(node)
+            assert node.parent < node.node
+        for children in by_parent.values():
+            qs = [child.q_token for child in sorted(children, key=lambda child: child.sibling)]
+            assert qs == sorted(qs, reverse=True)
+        score = {}
+        for node in nodes:
+            score[node.node] = node.q_token * (1.0 if node.parent < 0 else score[node.parent])
+        assert min(score.values()) >= 0
