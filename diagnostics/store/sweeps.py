@@ -75,13 +75,9 @@ class SweepTables:
         with self.connect() as con:
             if not self._has_sweeps(con):
                 return None
-            cursor = con.execute("SELECT * FROM sweeps WHERE sweep_id = ?", [sweep_id])
-            row = cursor.fetchone()
-            names = [column[0] for column in cursor.description]
-        if row is None:
-            return None
-        sweep = dict(zip(names, row))
-        sweep["settings"] = json.loads(sweep["settings"] or "{}")
+        sweep = self._one("SELECT * FROM sweeps WHERE sweep_id = ?", [sweep_id])
+        if sweep is not None:
+            sweep["settings"] = json.loads(sweep["settings"] or "{}")
         return sweep
 
     def list_sweeps(self) -> pd.DataFrame:
