@@ -2,8 +2,12 @@
 
 * plain decoding (our loop, no draft) vs transformers ``generate`` (greedy and sampling);
 * lossless speculative decoding vs ``generate`` with the same drafter (``assistant_model``,
-  ``assistant_early_exit``, ``prompt_lookup_num_tokens``);
-* recording on vs off;
+  ``assistant_early_exit``, ``prompt_lookup_num_tokens``) at the same γ: transformers reads γ
+  and its confidence stop from the *assistant's* ``generation_config`` (``generate`` keyword
+  arguments do not reach it), so the bench sets them there;
+* adaptive drafting (``draft_stop``) vs ``assistant_confidence_threshold``, and each side at its
+  own defaults; self-speculation with and without reusing the draft's layers;
+* recording on vs off (the median of paired, back-to-back ratios);
 * speculative vs plain decoding with each drafter;
 * trees against the chain: tokens per target forward, wall tokens/s, one tree forward against a
   chain forward of as many tokens;
@@ -52,21 +56,60 @@ def _side_by_side(ours: Callable[[], int], theirs: Callable[[], int], repeat: in
     return statistics.median(ours_rates), statistics.median(their_rates)
 
 
+def _paired_overhead(on: Callable[[], int], off: Callable[[], int], repeat: int) -> tuple[float, float, float]:
+    """Recording on against off, robust to machine load: each repetition times the two back to back
+    (in alternating order), and the overhead is the median of the per-pair ratios ``t_on / t_off − 1``;
+    a load spike hits one pair, not the estimate. Returns (on tok/s, off tok/s, overhead)."""
+    on(), off()  # warm-up
+    ratios, on_rates, off_rates = [], [], []
+    for index in range(repeat):
+        first, second = (on, off) if index % 2 == 0 else (off, on)
+        rates = {}
+        for function in (first, second):
+            start = time.perf_counter()
+            tokens = function()
+            rates[function] = tokens / (time.perf_counter() - start)
+        on_rates.append(rates[on])
+        off_rates.append(rates[off])
+        ratios.append(rates[off] / rates[on] - 1)
+    return statistics.median(on_rates), statistics.median(off_rates), statistics.median(ratios)
+
+
+def _machine() -> str:
+    import os
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return f"{platform.machine()}, {os.cpu_count()} cores ({cpu}), {torch.get_num_threads()} torch threads"
+
+
 def run_bench(args: argparse.Namespace) -> int:
+    import transformers
+
     from diagnostics.engine import generate
+    from diagnostics.hf_assisted import assistant_settings, fixed_gamma
     from diagnostics.models import early_exit_model, load_model
     from diagnostics.policy import Policy
     from diagnostics.runner import encode_prompt
 
-    target = load_model("default")
+    target = load_model("default", dtype=args.dtype, device=args.device)
     model = target.model
+    device = target.device
     n = args.max_new_tokens
     repeat = args.repeat
+    if repeat < 1 or n < 1:
+        raise ValueError("--repeat and --max-new-tokens must be at least 1")
     gamma = 4
     layer = 26
     results: dict[str, object] = {
-        "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads, {platform.processor() or 'cpu'}",
-        "torch": torch.__version__, "max_new_tokens": n, "repeat": repeat, "gamma": gamma,
+        "machine": _machine(), "device": str(device) + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""),
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
+        "max_new_tokens": n, "repeat": repeat, "gamma": gamma, "early_exit_layer": layer,
     }
 
     def report(name: str, ours: float, theirs: float, peer: str) -> None:
@@ -75,16 +118,18 @@ def run_bench(args: argparse.Namespace) -> int:
 
     story = encode_prompt(target, STORY)
     repetitive = encode_prompt(target, REPETITIVE)
-    story_ids = torch.tensor([story])
+    story_ids = torch.tensor([story], device=device)
 
     passes: dict[str, list[float]] = {}  # tokens per target forward of each labelled generator
 
-    def ours(prompt: list[int], draft: object, *, temperature: float = 1.0, record: bool = False,
-             draft_policy: Policy | None = None, label: str | None = None, **shape: object) -> Callable[[], int]:
+    def ours(prompt: list[int], draft: object, *, temperature: float = 1.0, record: bool = True,
+             draft_policy: Policy | None = None, label: str | None = None, block: int = gamma, **shape: object) -> Callable[[], int]:
+        """Our generator, recording every position unless ``record=False`` (the peer comparisons are
+        with recording on: that is the product)."""
         seeds = iter(range(10**6))  # a new seed per call, as transformers draws new randomness per call
 
         def call() -> int:
-            run = generate(target, draft, prompt, gamma=gamma, max_new_tokens=n, seed=next(seeds), temperature=temperature,
+            run = generate(target, draft, prompt, gamma=block, max_new_tokens=n, seed=next(seeds), temperature=temperature,
                            eos_token_id=[], record=record, draft_policy=draft_policy, **shape)
             if label is not None:
                 passes.setdefault(label, []).append(len(run.tokens) / run.blocks)
@@ -92,7 +137,10 @@ def run_bench(args: argparse.Namespace) -> int:
 
         return call
 
-    def hf(ids: torch.Tensor, **kwargs: object) -> Callable[[], int]:
+    def hf(ids: torch.Tensor, assistant: dict | None = None, **kwargs: object) -> Callable[[], int]:
+        """transformers ``generate``; ``assistant`` sets the assistant's ``generation_config`` fields
+        (``num_assistant_tokens``, its schedule, ``assistant_confidence_threshold``) for the call, the
+        only place transformers reads them (the early-exit assistant and the shell share the target's)."""
         settings = {"max_new_tokens": n, "min_new_tokens": n, "pad_token_id": target.tokenizer.eos_token_id}
         settings.update(kwargs)
         if settings.get("do_sample"):
@@ -101,11 +149,13 @@ def run_bench(args: argparse.Namespace) -> int:
             settings.update(temperature=None, top_k=None, top_p=None)
 
         def call() -> int:
-            with torch.inference_mode():
+            with assistant_settings(model, assistant), torch.inference_mode():
                 output = model.generate(ids, attention_mask=torch.ones_like(ids), **settings)
             return output.shape[1] - ids.shape[1]
 
         return call
+
+    fixed = fixed_gamma(gamma)  # transformers at our γ, without its confidence stop
 
     shell = early_exit_model(target, layer)
     if args.only is None:
@@ -119,28 +169,44 @@ def run_bench(args: argparse.Namespace) -> int:
         # assistant's own generation config (greedy for this model) and verifies against the draft's
         # softmax, which accepts more than a sampled draft does; the ratio then mixes speed and
         # acceptance, and the greedy-draft row of ours is the closer peer.
-        repetitive_ids = torch.tensor([repetitive])
+        repetitive_ids = torch.tensor([repetitive], device=device)
         greedy_drafts = Policy(temperature=0)
         for mode, temperature, extra in (("greedy", 0.0, {"do_sample": False}), ("sampling", 1.0, {"do_sample": True})):
-            assisted = {"num_assistant_tokens": gamma, "num_assistant_tokens_schedule": "constant", **extra}
-            report(f"{mode}: lossless early-exit:{layer} vs assistant_early_exit={layer}",
-                   *_side_by_side(ours(story, shell, temperature=temperature), hf(story_ids, assistant_early_exit=layer, **assisted), repeat), "hf")
+            report(f"{mode}: lossless early-exit:{layer} (layers reused) vs assistant_early_exit={layer}",
+                   *_side_by_side(ours(story, shell, temperature=temperature),
+                                  hf(story_ids, fixed, assistant_early_exit=layer, **extra), repeat), "hf")
+            # A separate draft model cannot share the target's cache: our two-forward path, like theirs.
             report(f"{mode}: lossless model drafter vs assistant_model (exit@{layer} as a model)",
-                   *_side_by_side(ours(story, shell, temperature=temperature), hf(story_ids, assistant_model=shell.model, **assisted), repeat), "hf")
+                   *_side_by_side(ours(story, shell, temperature=temperature, reuse_layers=False),
+                                  hf(story_ids, fixed, assistant_model=shell.model, **extra), repeat), "hf")
             if temperature:
                 report(f"{mode}: lossless, greedy drafts (q = point mass) vs assistant_model",
-                       *_side_by_side(ours(story, shell, temperature=temperature, draft_policy=greedy_drafts),
-                                      hf(story_ids, assistant_model=shell.model, **assisted), repeat), "hf")
+                       *_side_by_side(ours(story, shell, temperature=temperature, draft_policy=greedy_drafts, reuse_layers=False),
+                                      hf(story_ids, fixed, assistant_model=shell.model, **extra), repeat), "hf")
             report(f"{mode}: lossless ngram:3 vs prompt_lookup_num_tokens={gamma} (repetitive prompt)",
                    *_side_by_side(ours(repetitive, "ngram:3", temperature=temperature),
                                   hf(repetitive_ids, prompt_lookup_num_tokens=gamma, max_matching_ngram_size=3, **extra), repeat), "hf")
 
-        # 3. Recording on vs off (same run otherwise).
-        on, off = _side_by_side(ours(story, shell, record=True), ours(story, shell, record=False), repeat)
-        results["recording_overhead"] = {"on_tok_s": round(on, 2), "off_tok_s": round(off, 2), "overhead": round(off / on - 1, 3)}
-        print(f"{'recording on vs off (early-exit, lossless)':58s} on {on:7.2f} tok/s  off {off:7.2f} tok/s  overhead {100 * (off / on - 1):5.1f}%", file=sys.stderr)
+        # 3. Adaptive drafting. Same rule on both sides: up to 20 drafts, stop after a draft x with
+        # q(x) < 0.4. Then each side at its own defaults: ours γ = 4 without a stop; theirs 20
+        # drafts with its 0.4 confidence stop.
+        adaptive = {"num_assistant_tokens": 20, "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.4}
+        report(f"sampling: early-exit:{layer} γ≤20, draft-stop 0.4 vs assistant_confidence_threshold=0.4",
+               *_side_by_side(ours(story, shell, block=20, draft_stop=0.4),
+                              hf(story_ids, adaptive, assistant_early_exit=layer, do_sample=True), repeat), "hf")
+        report(f"sampling: early-exit:{layer} at our defaults vs assistant_early_exit={layer} at theirs",
+               *_side_by_side(ours(story, shell), hf(story_ids, assistant_early_exit=layer, do_sample=True), repeat), "hf")
 
-        # 4. Speculative vs plain decoding with each drafter.
+        # 4. What reusing the draft's layers buys (ours against ours).
+        report(f"sampling: early-exit:{layer} layers reused vs two forwards",
+               *_side_by_side(ours(story, shell), ours(story, shell, reuse_layers=False), repeat), "two_forwards")
+
+        # 5. Recording on vs off (same run otherwise): median of paired ratios, more repetitions.
+        on, off, overhead = _paired_overhead(ours(story, shell, record=True), ours(story, shell, record=False), max(6, 2 * repeat))
+        results["recording_overhead"] = {"on_tok_s": round(on, 2), "off_tok_s": round(off, 2), "overhead": round(overhead, 3)}
+        print(f"{'recording on vs off (early-exit, lossless)':58s} on {on:7.2f} tok/s  off {off:7.2f} tok/s  overhead {100 * overhead:5.1f}%", file=sys.stderr)
+
+        # 6. Speculative vs plain decoding with each drafter.
         drafters = {f"early-exit:{layer}": shell, "early-exit:28": early_exit_model(target, 28), "ngram:3": "ngram:3"}
         if not args.quick:
             drafters["early-exit:16"] = early_exit_model(target, 16)
@@ -152,7 +218,7 @@ def run_bench(args: argparse.Namespace) -> int:
         report("greedy (T=0) ngram:3 vs plain greedy (repetitive prompt)",
                *_side_by_side(ours(repetitive, "ngram:3", temperature=0), ours(repetitive, None, temperature=0), repeat), "plain")
 
-    # 5. Trees against the chain, both lossless with early-exit drafts: tokens per target forward
+    # 7. Trees against the chain, both lossless with early-exit drafts: tokens per target forward
     # and wall tokens/s, and one tree forward against a chain forward of as many tokens.
     tree_shapes = {"tree budget 4, depth 4 (4 nodes)": {"tree_budget": 4, "tree_depth": 4},
                    "tree 3,2,1 (15 nodes, top-k children)": {"tree": (3, 2, 1)},
@@ -175,11 +241,19 @@ def run_bench(args: argparse.Namespace) -> int:
         print(f"{f'one target forward over {nodes} draft tokens: tree vs chain':58s} tree {1000 * tree_s:7.1f} ms  "
               f"chain {1000 * chain_s:7.1f} ms  ratio {tree_s / chain_s:5.2f}x", file=sys.stderr)
 
-    # 6. Peak memory of recording 2,000 positions on a 49,152-token vocabulary.
+    # 8. Peak memory of recording 2,000 positions on a 49,152-token vocabulary.
     if args.only is None:
         results["recording_memory"] = _recording_memory(2000 if not args.quick else 200)
         print(f"{'peak traced memory recording positions':58s} {results['recording_memory']}", file=sys.stderr)
-    print(json.dumps(results))
+    text = json.dumps(results)
+    if args.json:
+        from pathlib import Path
+
+        try:
+            Path(args.json).write_text(text + "\n", encoding="utf-8")
+        except OSError as error:
+            raise ValueError(f"cannot write {args.json}: {error.strerror or error}") from None
+    print(text)
     return 0
 
 

@@ -586,7 +586,7 @@ def pareto_figure(summaries: list, against: str = "TV(P, baseline)") -> go.Figur
         names = [safe_label(summary.label, 60) for summary in chosen]
         symbol, color = styles[role]
         figure.add_scatter(
-            x=[value[0] for value in x], y=[value[0] for value in y], mode="markers+text", name=role,
+            x=[value[0] for value in x], y=[value[0] for value in y], mode="markers+text" if role == "rule" else "markers", name=role,
             text=names, textposition="top center", marker={"symbol": symbol, "size": 11, "color": color},
             error_x={"type": "data", "symmetric": False, "array": [value[2] - value[0] for value in x],
                      "arrayminus": [value[0] - value[1] for value in x], "thickness": 1},

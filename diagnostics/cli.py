@@ -72,6 +72,10 @@ def _add_generation_options(parser: argparse.ArgumentParser, replayable: bool = 
                         help="model:ID_OR_PATH, early-exit:LAYER, ngram:N or none (plain decoding); "
                              f"default {DEFAULT_EARLY_EXIT} for the embedded target")
     parser.add_argument("--gamma", type=int, default=RunRequest.gamma, help="draft tokens per block")
+    parser.add_argument("--draft-stop", type=float, default=None, metavar="CONF",
+                        help="adaptive drafting: end a block's drafts after a draft x with q(x) < CONF, as transformers' "
+                             "assistant_confidence_threshold (gamma stays the most per block; exact: the rule reads the draft "
+                             "alone; off when not given)")
     parser.add_argument("--tree", default=None, metavar="K1,K2,…",
                         help="draft a token tree per round instead of a chain: each node at depth i gets Ki children "
                              "(e.g. 3,2,1); one target forward verifies every node (off when not given)")
@@ -124,10 +128,19 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a JSONL prompt set (prompt, optional id and checker) or a shipped set: general")
     sweep.add_argument("--rule", action="append", default=[], metavar="SPEC",
                        help="a rule, or a range of one parameter: lenience:0.2..1.0:5 (repeat --rule for more)")
+    sweep.add_argument("--limit", type=int, default=None, metavar="N", help="use only the first N prompts of the set")
     sweep.add_argument("--seeds", type=int, default=2, help="seeds per prompt (0 … N − 1); intervals resample prompts, then seeds")
     sweep.add_argument("--resume", default=None, metavar="SWEEP_ID", help="run the units an interrupted sweep is missing")
     sweep.add_argument("--cost", type=float, default=None, metavar="C",
                        help="draft/target cost ratio c of one step for the modelled speed-up (default: measured here)")
+    sweep.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                       help="run the units on Ray: alone, a local Ray started for the sweep; with ADDRESS (e.g. ray://head:10001 or "
+                            "auto), an existing cluster whose nodes have the requirements installed. The driver alone writes --db")
+    sweep.add_argument("--workers", type=int, default=None, metavar="N",
+                       help="Ray workers, each loading the models once (default: one per GPU, else one per CPU)")
+    sweep.add_argument("--threads", type=int, default=None, metavar="N",
+                       help="torch CPU threads (in this process, or per Ray worker; default: torch's own, and 1 per CPU "
+                            "worker). Floats depend on it, so the same N reproduces a sweep bit for bit")
     _add_generation_options(sweep, with_prompt=False)
     sweep.set_defaults(max_new_tokens=32)
     report = commands.add_parser("report", help="one self-contained HTML file for runs (a run or a compared group) and audits")
@@ -183,7 +196,11 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Every number is a ratio measured side by side in one run on the embedded model; "
                                             "prints one JSON object.")
     bench.add_argument("--max-new-tokens", type=int, default=48, help="tokens each timed generation makes (EOS ignored on both sides)")
-    bench.add_argument("--repeat", type=int, default=2, help="alternating repetitions per comparison; the median is reported")
+    bench.add_argument("--repeat", type=int, default=3, help="alternating repetitions per comparison; the median is reported")
+    bench.add_argument("--json", default=None, metavar="FILE", help="also write the JSON figures to FILE (to compare runs)")
+    bench.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    bench.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                       help="weights' dtype (bfloat16 on a GPU; the laws are still computed in float64)")
     bench.add_argument("--only", default=None, choices=["trees"],
                        help="only one section: trees (chain against trees: tokens per target forward, tokens/s, forward cost)")
     bench.add_argument("--quick", action="store_true",
@@ -282,7 +299,7 @@ def _request(args: argparse.Namespace, rule: str):
     return RunRequest(prompt=args.prompt, rule=rule, draft=args.draft, gamma=args.gamma, max_new_tokens=args.max_new_tokens,
                       seed=args.seed, policy=policy, draft_policy=draft_policy, raw=args.raw, top_k_record=args.top_k_record,
                       tree=args.tree, tree_children=args.tree_children, tree_budget=args.tree_budget,
-                      tree_depth=args.tree_depth)
+                      tree_depth=args.tree_depth, draft_stop=args.draft_stop)
 
 
 def _prepare(args: argparse.Namespace, rules: list[str]):
@@ -431,7 +448,6 @@ def _command_sweep(args: argparse.Namespace) -> int:
     and one verdict line per rule on stderr."""
     from diagnostics.cost import draft_cost_ratio
     from diagnostics.evaluation.prompts import load_prompts
-    from diagnostics.evaluation.stats import as_rows, summarise_sweep, sweep_table
     from diagnostics.evaluation.sweeper import base_request, expand_rules, plan_units, run_sweep, settings_of
     from diagnostics.models import load_draft, load_model
     from diagnostics.runner import encode_prompt
@@ -440,8 +456,8 @@ def _command_sweep(args: argparse.Namespace) -> int:
     if args.cost is not None and args.cost < 0:
         raise ValueError(f"--cost must be >= 0 (draft step / target step), got {args.cost}")
     if args.resume:
-        if args.prompts or args.rule:
-            raise ValueError("--resume takes the sweep's own prompts and rules; drop --prompts and --rule")
+        if args.prompts or args.rule or args.limit:
+            raise ValueError("--resume takes the sweep's own prompts and rules; drop --prompts, --limit and --rule")
         store = Store(args.db)
         sweep = store.get_sweep(args.resume)
         if sweep is None:
@@ -451,6 +467,10 @@ def _command_sweep(args: argparse.Namespace) -> int:
         if not args.prompts:
             raise ValueError("pass --prompts FILE (a JSONL prompt set, or: general), or --resume SWEEP_ID")
         prompts = load_prompts(args.prompts)
+        if args.limit is not None:
+            if args.limit < 1:
+                raise ValueError(f"--limit must be at least 1 (prompts to use), got {args.limit}")
+            prompts = prompts[:args.limit]
         rules = expand_rules(args.rule)
         if args.draft is None and args.target == "default":
             args.draft = DEFAULT_EARLY_EXIT
@@ -462,20 +482,67 @@ def _command_sweep(args: argparse.Namespace) -> int:
         store, sweep_id = Store(args.db), None
     base = base_request(settings)
     plan_units(settings)  # checks the seeds
+    on_terminal, quiet = _progress_wanted(args), getattr(args, "no_progress", False)
+    opened: list[str] = []
+
+    def on_open(plan) -> None:
+        opened.append(plan.sweep_id)
+        if not quiet:
+            print(f"sweep {plan.sweep_id}: {len(plan.todo)} of {len(plan.units)} units to run "
+                  f"({len(plan.members(plan.units[0]))} coupled runs each)", file=sys.stderr, flush=True)
+
+    def on_unit(done: int, total: int, unit) -> None:
+        # A terminal gets one updating line; a log gets one plain line per unit.
+        if on_terminal:
+            print(f"\rsweep: unit {done}/{total}", end="" if done < total else "\n", file=sys.stderr, flush=True)
+        elif not quiet:
+            print(f"sweep: unit {done}/{total} done", file=sys.stderr, flush=True)
+
+    if args.workers is not None and (args.workers < 1 or not args.ray):
+        raise ValueError("--workers N needs --ray and N >= 1")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be at least 1, got {args.threads}")
+    if args.ray:
+        from diagnostics.evaluation.distributed import run_sweep_on_ray
+
+        options = {"dtype": args.dtype, "device": args.device, "trust_remote_code": args.trust_remote_code,
+                   "threads": args.threads}
+        try:
+            sweep_id, measured = run_sweep_on_ray(store, settings, options, address=None if args.ray == "local" else args.ray,
+                                                  workers=args.workers, sweep_id=sweep_id, on_unit=on_unit, on_open=on_open,
+                                                  measure_cost=args.cost is None)
+        except KeyboardInterrupt:
+            _sweep_interrupted(opened)
+            return 130
+        return _print_sweep(store, sweep_id, args.cost if args.cost is not None else measured or 0.0)
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
     target = load_model(settings.get("target", "default"), dtype=args.dtype, device=args.device,
                         trust_remote_code=args.trust_remote_code)
     draft = load_draft(base.draft, target, dtype=args.dtype, trust_remote_code=args.trust_remote_code)
-    verbose = _progress_wanted(args)
-
-    def on_unit(done: int, total: int, unit) -> None:
-        if verbose:
-            print(f"\rsweep: unit {done}/{total}", end="" if done < total else "\n", file=sys.stderr, flush=True)
-
-    sweep_id = run_sweep(store, target, draft, settings, sweep_id=sweep_id, on_unit=on_unit)
+    try:
+        sweep_id = run_sweep(store, target, draft, settings, sweep_id=sweep_id, on_unit=on_unit, on_open=on_open)
+    except KeyboardInterrupt:
+        _sweep_interrupted(opened)
+        return 130
     cost = args.cost
     if cost is None:
         drafter = draft if hasattr(draft, "model") else None
         cost = draft_cost_ratio(target, drafter, encode_prompt(target, settings["prompts"][0]["prompt"], base.raw))
+    return _print_sweep(store, sweep_id, cost)
+
+
+def _sweep_interrupted(opened: list[str]) -> None:
+    resume = f"; run the missing units with: sweep --resume {opened[0]} (and the same --db)" if opened else ""
+    print(f"\ninterrupted: the finished units are kept and the sweep is marked 'interrupted'{resume}", file=sys.stderr)
+
+
+def _print_sweep(store, sweep_id: str, cost: float) -> int:
+    """The sweep's per-setting figures with intervals as JSON on stdout, one verdict per rule on stderr."""
+    from diagnostics.evaluation.stats import as_rows, summarise_sweep, sweep_table
+
     summaries = summarise_sweep(sweep_table(store, sweep_id, cost))
     sweep = store.get_sweep(sweep_id)
     print(json.dumps({"sweep_id": sweep_id, "status": sweep["status"], "units": sweep["units"], "units_done": sweep["units_done"],
@@ -608,19 +675,72 @@ def _audit_rule(args: argparse.Namespace, implementation: str, real_pairs: list 
     return result.as_dict()
 
 
+AUDIT_PARTS = 2  # each engine audit's seeds run in this many slices, so the cores share the slowest audit
+
+
 def _audit_all(args: argparse.Namespace) -> list[dict]:
-    """Our implementation, transformers', and every planted bug, each at its layer."""
-    from diagnostics.audit.suite import ENGINE_IMPLEMENTATIONS, RULE_IMPLEMENTATIONS, real_positions
+    """Our implementation, transformers', and every planted bug, each at its layer.
 
-    setup = _setup(args)
-    real_pairs = real_positions(setup, args.real_positions) if args.real_positions else None
-    results = [_audit_rule(args, name, real_pairs) for name in RULE_IMPLEMENTATIONS]
-    if args.tree:  # the tree engine and its planted bugs instead of the chain engine's
-        from diagnostics.audit.suite import TREE_IMPLEMENTATIONS
+    The audits are seeded and each engine audit's seeds split into disjoint slices whose PIT
+    samples merge into exactly what one pass gives, so the parts run in worker processes (one per
+    core, one torch thread each, the slowest first) with the same verdicts and statistics as in
+    one process; results come back in the listed order."""
+    from diagnostics.audit.engine_level import engine_audit
+    from diagnostics.audit.suite import ENGINE_IMPLEMENTATIONS, RULE_IMPLEMENTATIONS, TREE_IMPLEMENTATIONS, real_positions
 
-        return results + [_audit_engine(args, name, setup) for name in TREE_IMPLEMENTATIONS]
-    results += [_audit_engine(args, name, setup) for name in ENGINE_IMPLEMENTATIONS]
+    real_pairs = real_positions(_setup(args), args.real_positions) if args.real_positions else None
+    engines = TREE_IMPLEMENTATIONS if args.tree else ENGINE_IMPLEMENTATIONS  # with --tree: the tree engine and its bugs
+    rules = list(RULE_IMPLEMENTATIONS)
+    # Longest first: transformers' generate, transformers' rule-level step (one call per few
+    # drafts), then our engine and the planted ones, then the vectorised rule-level audits.
+    slowest = sorted(engines, key=lambda name: name != "transformers")
+    jobs = ([("engine", name, part) for name in slowest[:1] for part in range(AUDIT_PARTS)]
+            + [("rule", name, 0) for name in rules if name == "transformers"]
+            + [("engine", name, part) for name in slowest[1:] for part in range(AUDIT_PARTS)]
+            + [("rule", name, 0) for name in rules if name != "transformers"])
+    workers = min(os.cpu_count() or 1, 4)
+    if workers < 2:
+        done = {job: _audit_job(args, job, real_pairs) for job in jobs}
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_one_thread) as pool:
+            futures = {job: pool.submit(_audit_job, args, job, real_pairs) for job in jobs}
+            done = {job: future.result() for job, future in futures.items()}
+    results = [done[("rule", name, 0)] for name in rules]
+    for name in engines:
+        parts = [done[("engine", name, part)] for part in range(AUDIT_PARTS)]
+        sample = parts[0]["sample"]
+        for part in parts[1:]:
+            sample = sample.merge(part["sample"])
+        first = parts[0]
+        results.append(engine_audit(sample, first["prompt_ids"], first["seeds"], level=args.level,
+                                    implementation=first["name"], settings=first["settings"]).as_dict())
     return results
+
+
+def _one_thread() -> None:
+    import torch
+
+    torch.set_num_threads(1)
+
+
+def _audit_job(args: argparse.Namespace, job: tuple[str, str, int], real_pairs: list | None) -> dict:
+    """One part of ``audit --all``: a rule-level audit, or one slice of an engine audit's seeds."""
+    kind, name, part = job
+    if kind == "rule":
+        return _audit_rule(args, name, real_pairs)
+    from diagnostics.audit.suite import MODEL_BUDGET, TINY, TINY_BUDGET, engine_audit_part, plan_engine_audit
+
+    default_generations, default_tokens = TINY_BUDGET if args.target == TINY else MODEL_BUDGET
+    setup = _setup(args)
+    plan = plan_engine_audit(name, setup, generations=default_generations if args.generations is None else args.generations,
+                             max_new_tokens=default_tokens if args.max_new_tokens is None else args.max_new_tokens,
+                             gamma=args.gamma, policy=_policy(args), level=args.level, first_seed=args.seed,
+                             tree=_audit_tree(args))
+    return {"sample": engine_audit_part(plan, setup, part, AUDIT_PARTS), "name": plan.name, "settings": plan.settings,
+            "seeds": list(plan.seeds), "prompt_ids": list(setup.prompt_ids)}
 
 
 def _audit_recorded(args: argparse.Namespace) -> dict:

@@ -60,16 +60,19 @@ def plan_group(rules: str | list[str], seeds: list[int], base: RunRequest) -> li
 
 def matched_baseline(request: RunRequest) -> RunRequest | None:
     """The matched baseline of a truncation rule's request: lossless under the same truncation as a
-    target policy (``cascade:m`` → min-p ``m``, ``typical:η`` → eta ``η``) with the draft policy
-    left as it was, so the same drafts (the same tree) are verified and only the verification
-    differs. ``None`` for a rule whose baseline is the lossless run itself (``p``)."""
+    target policy (``cascade:m`` → min-p ``m``, ``typical:η`` → eta ``η``, ``medusa:ε,δ`` → the
+    Medusa gate ``ε, δ``) with the draft policy left as it was, so the same drafts (the same
+    tree) are verified and only the verification differs. ``None`` for a rule whose baseline is
+    the lossless run itself (``p``)."""
     from diagnostics.rules import get_rule
 
     rule = get_rule(request.rule)
-    truncation = {"cascade": ("min_p", getattr(rule, "m", None)), "typical": ("eta", getattr(rule, "eta", None))}.get(rule.name)
-    if truncation is None or truncation[1] is None:
+    truncations = {"cascade": {"min_p": getattr(rule, "m", None)}, "typical": {"eta": getattr(rule, "eta", None)},
+                   "medusa": {"medusa_eps": getattr(rule, "eps", None), "medusa_delta": getattr(rule, "delta", None)}}
+    truncation = truncations.get(rule.name)
+    if truncation is None or any(value is None for value in truncation.values()):
         return None
-    policy = replace(request.policy, **{truncation[0]: float(truncation[1])})
+    policy = replace(request.policy, **{name: float(value) for name, value in truncation.items()})
     return replace(request, rule="lossless", policy=policy, draft_policy=request.draft_policy or request.policy)
 
 

@@ -45,13 +45,21 @@ class CachedModel:
     """A causal LM with a KV cache over a token sequence that only grows or is cut back."""
 
     def __init__(self, loaded: LoadedModel) -> None:
+        from diagnostics.fast_forward import DirectForward, supports_direct_forward
+
         self.loaded = loaded
         self.cache = _new_cache(loaded.model)
         self.cached = 0  # tokens whose keys and values are in the cache
+        # The model's own modules without its forward's wrapper where that is the same loop.
+        self.direct = DirectForward(loaded) if supports_direct_forward(loaded) else None
 
     @torch.inference_mode()
     def forward(self, tokens: list[int], keep: int) -> torch.Tensor:
         """Feed ``tokens`` after the cached prefix; logits of the last ``keep`` inputs, ``[keep, V]``."""
+        if self.direct is not None:
+            logits = self.direct(tokens, self.cached, self.cache, keep)
+            self.cached += len(tokens)
+            return logits
         input_ids = torch.tensor([tokens], dtype=torch.long, device=self.loaded.device)
         output = self.loaded.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep)
         self.cached += len(tokens)
@@ -108,6 +116,16 @@ class TargetScorer(CachedModel):
         self.cached = len(rows)
 
 
+def unsure(q_draft: torch.Tensor, token: int, draft_stop: float | None) -> bool:
+    """Adaptive drafting: stop the block after the draft ``x`` when ``q(x) < draft_stop``, the draft's
+    own confidence in the token it just drew (transformers' ``assistant_confidence_threshold``).
+
+    The decision reads the draft's law and draw only, never ``p`` or a coin of the verifier, so
+    which tokens get verified is a function of the draft alone and the output law stays exact.
+    """
+    return draft_stop is not None and float(q_draft[token]) < draft_stop
+
+
 class Drafter(Protocol):
     name: str
 
@@ -121,10 +139,11 @@ class Drafter(Protocol):
 class ModelDrafter:
     """A separate model (or the target's early exit) sampled autoregressively with its own KV cache."""
 
-    def __init__(self, loaded: LoadedModel, policy: Policy, name: str) -> None:
+    def __init__(self, loaded: LoadedModel, policy: Policy, name: str, draft_stop: float | None = None) -> None:
         self.model = CachedModel(loaded)
         self.policy = policy
         self.name = name
+        self.draft_stop = draft_stop  # end the block after a draft x with q(x) below this
         self.trees = TreeDraftingModel(self.model, policy, fit_vocabulary)
 
     def propose_tree(self, committed: list[int], spec: TreeSpec, uniform: Uniform, vocab: int, eos: set[int]) -> DraftTree:
@@ -145,7 +164,7 @@ class ModelDrafter:
             token = draw(q_draft, index)
             tokens.append(token)
             laws.append(q_draft)
-            if token in eos:
+            if token in eos or unsure(q_draft, token, self.draft_stop):
                 break  # anything drafted after EOS could never be emitted
             feed = [token]
         # The last drafted token was never fed: the cache covers committed + tokens[:-1].

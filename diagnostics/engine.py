@@ -245,6 +245,7 @@ def generate(
     min_p: float | None = None,
     eta: float | None = None,
     *,
+    policy: Policy | None = None,
     draft_policy: Policy | None = None,
     eos_token_id: int | list[int] | None = None,
     record: bool = True,
@@ -257,6 +258,8 @@ def generate(
     tree_budget: int | None = None,
     tree_depth: int | None = None,
     on_round: Callable[[Any, list[Any]], None] | None = None,
+    reuse_layers: bool = True,
+    draft_stop: float | None = None,
 ) -> Run:
     """Generate with speculative decoding under ``rule`` (or plain decoding when ``draft`` is ``None``).
 
@@ -269,11 +272,19 @@ def generate(
     ``tree`` (``(3, 2, 1)``, ``"3,2,1"`` or a ``TreeSpec``) or ``tree_budget``/``tree_depth``
     drafts a token tree per round instead of a chain of ``gamma`` (``diagnostics.tree_engine``);
     ``tree_children`` is ``top``, ``sample`` or ``sample-distinct``. ``on_round(round, nodes)``
-    receives each round's ``RoundRecord`` and ``NodeRecord`` list.
+    receives each round's ``RoundRecord`` and ``NodeRecord`` list. ``policy``, when given, is the
+    whole target policy (a matched baseline's Medusa gate, say) and replaces ``temperature`` …
+    ``eta``.
+
+    With an ``early-exit:L`` draft, ``reuse_layers`` (the default) keeps one KV cache for the
+    target's layers and verifies with layers ``L+1..N`` only (``diagnostics.self_speculation``);
+    ``p`` is a plain forward's to float rounding. ``draft_stop`` ends a block's drafting early
+    after a draft ``x`` the draft is unsure of (``q(x) < draft_stop``); it depends on the draft
+    alone, so the output law is unchanged.
     """
     loaded = wrap_model(target) if not isinstance(target, LoadedModel) else target
     verify_rule = get_rule(rule)
-    policy = Policy(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, eta=eta)
+    policy = policy or Policy(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, eta=eta)
     draft_policy = draft_policy or policy
     prompt = [int(token) for token in (prompt_ids.reshape(-1).tolist() if isinstance(prompt_ids, torch.Tensor) else prompt_ids)]
     spec = tree if isinstance(tree, TreeSpec) else tree_spec_or_error(tree, tree_budget, tree_depth, tree_children)
@@ -281,7 +292,12 @@ def generate(
         check_tree_settings(spec, verify_rule, draft)
         gamma = spec.max_depth
     check_settings(loaded, prompt, gamma, max_new_tokens, int(seed), top_k_record)
+    check_draft_stop(draft_stop, draft)
     drafter = make_drafter(draft, loaded, draft_policy)
+    if draft_stop is not None:
+        if spec is not None or not hasattr(drafter, "draft_stop"):
+            raise EngineError("--draft-stop ends a chain of drafts early; use it without a tree, with a model or early-exit drafter")
+        drafter.draft_stop = float(draft_stop)
     if spec is not None:
         from diagnostics.tree_engine import generate_tree
 
@@ -292,6 +308,12 @@ def generate(
     vocab = loaded.vocab_size
     eos = _eos_ids(loaded, eos_token_id)
     scorer = seams.scorer(loaded)
+    if reuse_layers and drafter is not None:
+        from diagnostics.self_speculation import reusing_pair
+
+        pair = reusing_pair(loaded, drafter, seams.scorer)
+        if pair is not None:
+            drafter, scorer = pair
     run = Run(tokens=[], records=[], prompt_ids=prompt, rule=verify_rule.spec,
               draft=getattr(drafter, "name", None), gamma=gamma if drafter else 0, seed=int(seed),
               policy=policy, draft_policy=draft_policy)
@@ -473,6 +495,19 @@ def _block_records(
             token_text=_decode_one(tokenizer, emitted[index]),
         ))
     return records
+
+
+def check_draft_stop(draft_stop: float | None, draft: Any) -> None:
+    """``--draft-stop`` is a probability in (0, 1], for a drafter with a law (a model or an early exit)."""
+    if draft_stop is None:
+        return
+    if isinstance(draft_stop, bool) or not isinstance(draft_stop, (int, float)) or not 0 < float(draft_stop) <= 1:
+        raise EngineError(f"--draft-stop must be a probability in (0, 1] (stop drafting after a draft x with q(x) below it), got {draft_stop!r}")
+    if draft is None:
+        raise EngineError("--draft-stop needs a drafter (e.g. --draft early-exit:26); plain decoding drafts nothing")
+    if isinstance(draft, str) and draft.strip().lower().startswith("ngram"):
+        raise EngineError("--draft-stop reads the draft's confidence q(x); an n-gram draft is a point mass (q(x) = 1): "
+                          "use a model or early-exit drafter")
 
 
 def tree_spec_or_error(tree: Any, budget: Any, depth: Any, children: str | None) -> TreeSpec | None:

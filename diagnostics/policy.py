@@ -40,6 +40,10 @@ class Policy:
     top_p: float | None = None
     min_p: float | None = None
     eta: float | None = None
+    # Medusa's gate as a truncation (the matched baseline of medusa:eps,delta): keep
+    # {v : p(v) > min(ε, δ·e^{−H'(p)})} and the top token, on the law the other settings give.
+    medusa_eps: float | None = None
+    medusa_delta: float | None = None
 
     def __post_init__(self) -> None:
         if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)):
@@ -59,6 +63,12 @@ class Policy:
             raise PolicyError(f"min_p must lie in [0, 1], got {self.min_p}")
         if self.eta is not None and not (0.0 < self.eta < 1.0):
             raise PolicyError(f"eta must lie in (0, 1), got {self.eta}")
+        if (self.medusa_eps is None) != (self.medusa_delta is None):
+            raise PolicyError("the Medusa gate needs both medusa_eps and medusa_delta, or neither")
+        for name in ("medusa_eps", "medusa_delta"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float)) and 0.0 < value <= 1.0):
+                raise PolicyError(f"{name} must lie in (0, 1], got {value!r}")
 
     @property
     def greedy(self) -> bool:
@@ -110,6 +120,21 @@ def apply_eta(scores: torch.Tensor, eta: float) -> torch.Tensor:
     return _masked(scores, (probs < threshold) & (scores < top))
 
 
+def medusa_gate(p_target: torch.Tensor, eps: float, delta: float) -> torch.Tensor:
+    """Medusa's accept set ``A = {v : p(v) > min(ε, δ·e^{−H'(p)})}``, ``H' = −Σ p·log(p + 1e−5)``."""
+    h_prime = -(p_target * torch.log(p_target + 1e-5)).sum(-1, keepdim=True)
+    threshold = torch.clamp(delta * torch.exp(-h_prime), max=eps)
+    return p_target > threshold
+
+
+def apply_medusa_gate(p_target: torch.Tensor, eps: float, delta: float) -> torch.Tensor:
+    """``p`` truncated to ``A ∪ {argmax p}`` and renormalised (a truncation keeps the top token)."""
+    keep = medusa_gate(p_target, eps, delta)
+    keep.scatter_(-1, p_target.argmax(-1, keepdim=True), True)
+    kept = p_target * keep
+    return kept / kept.sum(-1, keepdim=True)
+
+
 def warp_logits(logits: torch.Tensor, policy: Policy) -> torch.Tensor:
     """Policy-applied logits (``-inf`` where truncated), in transformers' order and dtype."""
     scores = logits
@@ -136,4 +161,8 @@ def probabilities(logits: torch.Tensor, policy: Policy | None = None) -> torch.T
     if policy.greedy:
         greedy = torch.zeros(logits.shape, dtype=torch.float64, device=logits.device)
         return greedy.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
-    return torch.softmax(warp_logits(logits, policy).to(torch.float64), dim=-1)
+    law = torch.softmax(warp_logits(logits, policy).to(torch.float64), dim=-1)
+    if policy.medusa_eps is not None:
+        # On the float64 law, as the medusa rule computes its gate, so the baseline is its p_A exactly.
+        law = apply_medusa_gate(law, float(policy.medusa_eps), float(policy.medusa_delta))
+    return law

@@ -15,6 +15,7 @@ from diagnostics.engine import (
     EngineSeams,
     PositionRecord,
     Run,
+    check_draft_stop,
     check_numbers,
     check_settings,
     check_tree_settings,
@@ -60,6 +61,7 @@ class RunRequest:
     tree_children: str = "top"
     tree_budget: int | None = None
     tree_depth: int | None = None
+    draft_stop: float | None = None  # adaptive drafting: end a block after a draft x with q(x) below this
 
     @property
     def tree_spec(self) -> TreeSpec | None:
@@ -85,6 +87,9 @@ class RunRequest:
         spec = self.tree_spec
         if spec is not None:
             check_tree_settings(spec, rule, self.draft if drafted else None)
+        check_draft_stop(self.draft_stop, self.draft if drafted else None)
+        if self.draft_stop is not None and spec is not None:
+            raise EngineError("--draft-stop ends a chain of drafts early; use it without a tree")
 
 
 def request_from_run(run: dict[str, Any]) -> RunRequest:
@@ -120,7 +125,13 @@ def request_from_run(run: dict[str, Any]) -> RunRequest:
         prompt=run["prompt"], rule=run["rule"], draft=draft_spec, gamma=int(run.get("gamma") or 0),
         max_new_tokens=int(run["max_new_tokens"]), seed=int(run["seed"]), policy=policy,
         draft_policy=None if draft_policy == policy else draft_policy, raw=bool(run.get("raw_prompt")), **tree_fields,
+        draft_stop=_stored_float(run.get("draft_stop")),
     )
+
+
+def _stored_float(value: Any) -> float | None:
+    """A nullable DOUBLE as read back (``None``, NaN from pandas, or a number)."""
+    return None if value is None or value != value else float(value)
 
 
 def check_replay_prompt(target: LoadedModel, request: RunRequest, stored_ids: list[int] | None, run_id: str) -> None:
@@ -154,12 +165,12 @@ def check_prompt_text(text: str) -> None:
                           "pass it in UTF-8 (check your terminal's or file's encoding)") from None
 
 
-def run_fields(request: RunRequest, target: LoadedModel, prompt_ids: list[int], group_id: str | None = None) -> dict[str, Any]:
+def run_fields(request: RunRequest, target_name: str, prompt_ids: list[int], group_id: str | None = None) -> dict[str, Any]:
     """The ``runs`` row a request starts with."""
     rule = get_rule(request.rule)
     spec = request.tree_spec
     return {
-        "target": target.name,
+        "target": target_name,
         "draft": request.draft or "none (plain decoding)",
         "rule": rule.spec,
         "rule_name": rule.name,
@@ -175,6 +186,7 @@ def run_fields(request: RunRequest, target: LoadedModel, prompt_ids: list[int], 
         "prompt_ids": prompt_ids,
         "raw_prompt": request.raw,
         "group_id": group_id,
+        "draft_stop": request.draft_stop if request.draft else None,
     }
 
 
@@ -200,6 +212,15 @@ def run_summary(run: Run) -> dict[str, Any]:
     }
 
 
+def checked_prompt_ids(target: LoadedModel, request: RunRequest) -> list[int]:
+    """The request's prompt encoded, after every check ``generate`` would make: a bad setting is
+    refused here, before any row is written."""
+    request.validate()
+    prompt_ids = encode_prompt(target, request.prompt, request.raw)
+    check_settings(target, prompt_ids, request.depth, request.max_new_tokens, request.seed, request.top_k_record)
+    return prompt_ids
+
+
 def record_run(
     store: Store,
     target: LoadedModel,
@@ -213,11 +234,8 @@ def record_run(
 ) -> tuple[str, Run | None]:
     """Generate and store one run. Ctrl-C or ``should_stop`` keeps what was recorded as ``interrupted``;
     an error marks the run ``failed`` with its message and is raised again. ``seams``: audits only."""
-    request.validate()
-    prompt_ids = encode_prompt(target, request.prompt, request.raw)
-    # Everything generate() would refuse is refused here, before the run's row is written.
-    check_settings(target, prompt_ids, request.depth, request.max_new_tokens, request.seed, request.top_k_record)
-    writer = RunWriter(store, run_fields(request, target, prompt_ids, group_id))
+    prompt_ids = checked_prompt_ids(target, request)
+    writer = RunWriter(store, run_fields(request, target.name, prompt_ids, group_id))
     partial: list[PositionRecord] = []
 
     def keep(record: PositionRecord) -> None:
@@ -227,14 +245,8 @@ def record_run(
             on_record(record)
 
     try:
-        policy = request.policy
-        run = generate(
-            target, draft if request.draft else None, prompt_ids, rule=request.rule, gamma=request.gamma,
-            max_new_tokens=request.max_new_tokens, seed=request.seed, temperature=policy.temperature,
-            top_k=policy.top_k, top_p=policy.top_p, min_p=policy.min_p, eta=policy.eta,
-            draft_policy=request.draft_policy, top_k_record=request.top_k_record, on_record=keep,
-            should_stop=should_stop, seams=seams, tree=request.tree_spec, on_round=writer.add_round,
-        )
+        run = generate_request(target, draft, request, prompt_ids, on_record=keep, should_stop=should_stop, seams=seams,
+                               on_round=writer.add_round)
     except Exception as error:
         # Best effort: a full disk may refuse even this; the error itself is raised either way.
         writer.close_quietly("failed", error=f"{error.__class__.__name__}: {error}")
@@ -252,6 +264,47 @@ def record_run(
         writer.close_quietly("failed", error=f"{error.__class__.__name__}: {error}")
         raise
     return writer.run_id, run
+
+
+def generate_request(
+    target: LoadedModel,
+    draft: Any,
+    request: RunRequest,
+    prompt_ids: list[int],
+    *,
+    on_record: Callable[[PositionRecord], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    seams: EngineSeams = CORRECT,
+    on_round: Callable[[Any, list[Any]], None] | None = None,
+) -> Run:
+    """``generate`` with a request's settings, storing nothing: what ``record_run`` records, and what
+    a sweep worker on another machine sends back for the driver to store."""
+    return generate(
+        target, draft if request.draft else None, prompt_ids, rule=request.rule, gamma=request.gamma,
+        max_new_tokens=request.max_new_tokens, seed=request.seed, policy=request.policy,
+        draft_policy=request.draft_policy, top_k_record=request.top_k_record, on_record=on_record,
+        should_stop=should_stop, seams=seams, tree=request.tree_spec, on_round=on_round, draft_stop=request.draft_stop,
+    )
+
+
+def store_finished_run(store: Store, target_name: str, request: RunRequest, prompt_ids: list[int], run: Run,
+                       group_id: str | None = None) -> str:
+    """Store a run generated elsewhere (a sweep worker) exactly as ``record_run`` would have stored
+    it while it ran: the same row, positions, tree rounds and summary. Returns its id."""
+    writer = RunWriter(store, run_fields(request, target_name, prompt_ids, group_id))
+    nodes_by_round: dict[int, list[Any]] = {}
+    for node in run.nodes:
+        nodes_by_round.setdefault(node.block, []).append(node)
+    try:
+        for record in run.records:
+            writer.add(record)
+        for round_record in run.rounds:
+            writer.add_round(round_record, nodes_by_round.get(round_record.block, []))
+        writer.finish(run.status, run_summary(run), error="stopped by the user" if run.status == "interrupted" else None)
+    except BaseException as error:
+        writer.close_quietly("failed", error=f"{error.__class__.__name__}: {error}")
+        raise
+    return writer.run_id
 
 
 def first_divergence(reference: Run, other: Run) -> int | None:

@@ -1,7 +1,9 @@
 """Retake the README screenshots from real runs of the embedded model in headless chromium.
 
-Run: ``python docs/take_screenshots.py [--tree]`` (needs Debian's chromium); ``--tree`` retakes
-only ``docs/inspect_tree.png`` (Inspect on a tree run). It records, in a temporary
+Run: ``python docs/take_screenshots.py [--tree | --sweep DB]`` (needs Debian's chromium); ``--tree``
+retakes only ``docs/inspect_tree.png`` (Inspect on a tree run); ``--sweep DB`` only
+``docs/sweep_pareto.png``, from a copy of a database holding a sweep of the embedded model (the
+README's sweep command), then launches, stops and resumes a small sweep on the page. It records, in a temporary
 database, a coupled group on the embedded SmolLM2-135M (lossless, lenience:0.5, typical:0.1;
 the first seed whose lenience run leaves the lossless one), a recorded-run audit of the lenience
 run, then starts the dashboard on that database, drives every page, prints how long each took
@@ -102,12 +104,93 @@ def tree_screenshot() -> int:
     return 0
 
 
+def sweep_screenshot(source: Path) -> int:
+    """``docs/sweep_pareto.png``: the Sweeps page on a stored sweep of the embedded model (a copy of
+    ``source``), with every click timed; then a small sweep launched from the page, stopped and
+    resumed, timed too."""
+    import re
+    import shutil
+
+    from browser_support import CHROMIUM_ARGS, chromium_path, streamlit_server
+    from playwright.sync_api import sync_playwright
+
+    folder = Path(tempfile.mkdtemp(prefix="screens-"))
+    db = folder / "sweep.duckdb"
+    shutil.copy(source, db)
+
+    def timed(what: str, started: float) -> None:
+        print(f"{what}: {time.monotonic() - started:.1f} s", flush=True)
+
+    with streamlit_server({"SPECLAB_DB": str(db)}) as url, sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1900})
+        started = time.monotonic()
+        page.goto(f"{url}/sweeps")
+        page.locator(".js-plotly-plot").first.wait_for(timeout=180_000)
+        page.get_by_text("Per setting (95% intervals over prompts and seeds)").wait_for(timeout=60_000)
+        timed("first open of the Sweeps page (chart and table)", started)
+        page.wait_for_timeout(1500)
+        page.screenshot(path=str(ROOT / "docs" / "sweep_pareto.png"))
+        started = time.monotonic()
+        page.get_by_text("path KL", exact=True).first.click()
+        page.wait_for_timeout(300)
+        page.locator(".js-plotly-plot").first.wait_for(timeout=60_000)
+        timed("switch the quality axis to path KL", started)
+        started = time.monotonic()
+        setting = page.get_by_role("combobox", name="Setting")
+        setting.click()
+        setting.fill("lenience:0.6")
+        setting.press("Enter")
+        page.get_by_text(re.compile(r"^unit 0 · prompt")).first.wait_for(timeout=60_000)
+        timed("pick a setting to list its runs", started)
+        started = time.monotonic()
+        page.get_by_role("link", name="inspect").first.click()
+        page.get_by_text("Position 0:").first.wait_for(timeout=180_000)
+        timed("a run's Inspect link to its first position", started)
+        # Launch a small sweep on the page (the form's defaults: the embedded model, early-exit:26).
+        page.goto(f"{url}/sweeps")
+        page.get_by_text("Launch a sweep").click()
+        for label, value in (("Prompts (the first N; 0 = all)", "2"), ("Seeds per prompt", "2"), ("max new tokens", "12")):
+            box = page.get_by_label(label)
+            box.fill(value)
+            box.press("Enter")
+        rules = page.get_by_role("textbox", name="Rules (ranges LOW..HIGH:COUNT allowed)")
+        rules.fill("lenience:0.5, cascade:0.3")
+        rules.press("Enter")
+        page.get_by_text("4 units (prompt × seed) × 4 coupled runs").wait_for(timeout=60_000)
+        started = time.monotonic()
+        page.get_by_role("button", name="Run the sweep").click()
+        page.locator(".tok").first.wait_for(timeout=180_000)
+        timed("Run the sweep to the first token on the page (loads the model)", started)
+        page.get_by_text(re.compile(r"^1 / 4 units$")).wait_for(timeout=300_000)
+        timed("… to the first unit done", started)
+        stop = page.get_by_role("button", name="Stop", exact=True)
+        started = time.monotonic()
+        stop.click()
+        page.get_by_text(re.compile(r"This sweep is interrupted with \d+ of 4 units")).wait_for(timeout=60_000)
+        stop.wait_for(state="detached", timeout=60_000)
+        timed("Stop to the interrupted sweep shown", started)
+        page.wait_for_timeout(1000)
+        started = time.monotonic()
+        page.get_by_role("button", name="Resume", exact=True).click()
+        stop.wait_for(timeout=60_000)
+        stop.wait_for(state="detached", timeout=600_000)
+        page.get_by_text("This sweep is interrupted").wait_for(state="detached", timeout=60_000)
+        timed("Resume to the completed sweep", started)
+        page.screenshot(path=str(folder / "sweep_launched.png"), full_page=True)
+        print(f"screens in {folder}", flush=True)
+        browser.close()
+    return 0
+
+
 def main() -> int:
     from browser_support import CHROMIUM_ARGS, chromium_path, streamlit_server
     from playwright.sync_api import sync_playwright
 
     if "--tree" in sys.argv[1:]:
         return tree_screenshot()
+    if "--sweep" in sys.argv[1:]:
+        return sweep_screenshot(Path(sys.argv[sys.argv.index("--sweep") + 1]))
     folder = Path(tempfile.mkdtemp(prefix="screens-"))
     db = folder / "runs.duckdb"
     made = _record(db)

@@ -33,6 +33,7 @@ class Setup:
     tree: tuple[int, ...] | None = None  # a tree shape K1,…,Kd instead of the chain of gamma
     children: str = "top"
     budget: int | None = None  # a budget tree of this many nodes (depth: gamma)
+    draft_stop: float | None = None  # adaptive drafting: end a block after a draft x with q(x) below this
 
     @property
     def max_new_tokens(self) -> int:
@@ -71,7 +72,7 @@ def _windows(job: tuple[Setup, int, int]) -> list[int]:
         run = generate(
             target, draft, list(setup.prompt), gamma=setup.gamma, max_new_tokens=setup.max_new_tokens, seed=seed,
             temperature=policy.temperature, top_k=policy.top_k, top_p=policy.top_p, min_p=policy.min_p, eta=policy.eta,
-            eos_token_id=[], record=False, seams=seams, **shape,
+            eos_token_id=[], record=False, seams=seams, draft_stop=setup.draft_stop, **shape,
         )
         window = run.tokens[setup.start : setup.start + 2]
         cells.append(window[0] * setup.vocab + window[1])

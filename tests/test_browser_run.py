@@ -26,11 +26,13 @@ def setup(tmp_path_factory) -> Iterator[dict]:
     folder = tmp_path_factory.mktemp("runpage")
     tiny = save_tiny_model(folder / "tiny", seed=0)
     db = folder / "runs.duckdb"
+    prompts = folder / "prompts.jsonl"
+    prompts.write_text("".join(f'{{"id": "p{index}", "prompt": "w{index} w2 w3 w1"}}\n' for index in range(1, 7)), encoding="utf-8")
     store = Store(db)
     run_id, _ = record_run(store, load_model(tiny), "ngram:2",
                            RunRequest(prompt="w1 w2 w3 w1 w2", draft="ngram:2", gamma=3, max_new_tokens=12, seed=2, raw=True))
     with streamlit_server({"SPECLAB_DB": str(db), "SPECLAB_TARGET": tiny}) as url:
-        yield {"url": url, "db": db, "run": run_id}
+        yield {"url": url, "db": db, "run": run_id, "prompts": prompts}
 
 
 @pytest.fixture
@@ -86,28 +88,25 @@ def test_stop_keeps_the_run_and_shows_its_status(setup, page) -> None:
     page.locator(".tok").first.wait_for(timeout=60_000)
     try:
         stop.click(timeout=5_000)
-        stopped = True
-    except playwright_api.TimeoutError:  # the run ended (and its Stop went) between the two steps
-        stopped = False
-    if stopped:
-        page.get_by_text("Last run").wait_for(timeout=60_000)
-        banner = page.get_by_text("Last run").inner_text()
-        assert "interrupted" in banner, banner
-        kept = int(re.search(rf"(\d+) / {BUDGET} tokens", banner).group(1))
-        assert kept < BUDGET
-        link = page.get_by_role("link", name="Inspect run")
-    else:
-        link = page.get_by_role("link", name="Inspect run")
-        link.wait_for(timeout=60_000)
-    _shot(page, "run_stopped" if stopped else "run_completed")
-    assert stop.count() == 0  # nothing left to stop
+    except playwright_api.TimeoutError:  # the run ended (and its Stop went) between the two steps,
+        pass  # or the click landed late under load: the stored status below says which
+    link = page.get_by_role("link", name="Inspect run")
+    link.wait_for(timeout=60_000)
+    # While a rerun renders, the previous run's elements stay on the page (stale) for a moment.
+    stop.wait_for(state="detached", timeout=60_000)  # nothing left to stop
     href = link.get_attribute("href")
     assert href.startswith("/inspect?run="), href
     run_id = parse_qs(urlsplit(href).query)["run"][0]
     stored = Store(setup["db"], read_only=True).get_run(run_id)
-    assert stored["status"] == ("interrupted" if stopped else "complete")
+    stopped = stored["status"] == "interrupted"
+    _shot(page, "run_stopped" if stopped else "run_completed")
     if stopped:
-        assert stored["n_tokens"] == kept
+        banner = page.get_by_text("Last run").inner_text()
+        assert "interrupted" in banner, banner
+        kept = int(re.search(rf"(\d+) / {BUDGET} tokens", banner).group(1))
+        assert kept == stored["n_tokens"] < BUDGET
+    else:
+        assert stored["status"] == "complete", stored["status"]
     page.goto(setup["url"] + href)
     page.get_by_role("heading", name="Inspect a run").wait_for(timeout=60_000)
     page.get_by_text("Position 0:").first.wait_for(timeout=60_000)
@@ -126,3 +125,55 @@ def test_an_old_run_link_opens_inspect_and_run_drops_the_run(setup, page) -> Non
     page.reload()
     page.get_by_role("textbox", name="Prompt", exact=True).wait_for(timeout=60_000)
     assert page.get_by_role("heading", name="Inspect a run").count() == 0
+
+
+def _enter(page, role: str, label: str, value: str) -> None:
+    """Type into a widget once the page has settled: while a rerun replaces a widget, its old and
+    new copies can both be on the page for a moment (seen under load in CI)."""
+    box = page.get_by_role(role, name=label, exact=True)
+    for _ in range(300):
+        if box.count() == 1:
+            break
+        page.wait_for_timeout(100)
+    box.fill(value)
+    box.press("Enter")
+    page.wait_for_timeout(300)
+
+
+def test_a_sweep_launched_on_the_page_stops_and_resumes(setup, page) -> None:
+    """Launch a sweep from the Sweeps page, watch its progress, Stop it: the sweep is kept
+    interrupted with its finished units; Resume runs the rest and the figures appear."""
+    page.goto(setup["url"] + "/sweeps")
+    page.get_by_role("heading", name="Sweeps", exact=True).wait_for(timeout=60_000)
+    page.get_by_role("combobox", name="Prompt set").click()
+    page.get_by_role("option", name="a JSONL file").click()
+    _enter(page, "textbox", "JSONL file (a path on this machine)", str(setup["prompts"]))
+    _enter(page, "textbox", "Rules (ranges LOW..HIGH:COUNT allowed)", "lenience:0.5")
+    for label, value in (("Prompts (the first N; 0 = all)", "0"), ("Seeds per prompt", "4"), ("max new tokens", "16")):
+        _enter(page, "spinbutton", label, value)
+    page.get_by_text("Raw prompt (no chat template)").click()
+    page.get_by_text("24 units (prompt × seed) × 2 coupled runs").wait_for(timeout=60_000)
+    page.get_by_role("button", name="Run the sweep").click()
+    stop = page.get_by_role("button", name="Stop", exact=True)
+    stop.wait_for(timeout=60_000)
+    page.get_by_text(re.compile(r"^[1-9]\d* / 24 units$")).wait_for(timeout=120_000)
+    stop.click()
+    warning = page.get_by_text(re.compile(r"This sweep is interrupted with \d+ of 24 units"))
+    warning.wait_for(timeout=60_000)
+    stop.wait_for(state="detached", timeout=60_000)
+    page.get_by_text("Per setting (95% intervals over prompts and seeds)").wait_for(timeout=60_000)
+    page.wait_for_timeout(1000)  # the page's rerun after Stop has finished: a click now starts a new run
+    _shot(page, "sweep_stopped")
+    store = Store(setup["db"], read_only=True)
+    sweep = store.list_sweeps().iloc[0]
+    assert sweep["status"] == "interrupted" and 1 <= sweep["units_done"] < 24
+    assert set(store.list_runs()["status"]) <= {"complete", "interrupted"}  # nothing left running
+    del store
+    page.get_by_role("button", name="Resume", exact=True).click()
+    stop.wait_for(timeout=60_000)
+    stop.wait_for(state="detached", timeout=300_000)
+    page.get_by_text("Per setting (95% intervals over prompts and seeds)").wait_for(timeout=60_000)
+    page.get_by_text("This sweep is interrupted").wait_for(state="detached", timeout=60_000)
+    assert page.get_by_role("button", name="Resume", exact=True).count() == 0
+    assert Store(setup["db"], read_only=True).get_sweep(sweep["sweep_id"])["status"] == "complete"
+    _shot(page, "sweep_resumed")

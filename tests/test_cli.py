@@ -396,7 +396,7 @@ def test_help_lists_every_rule_and_every_default(capsys) -> None:
     assert "a bare number continues the previous spec" in compare_help and "'lossless,medusa:0.09,0.3' is two rules" in compare_help
     assert "';' also separates" in compare_help
     bench_help = _help(capsys, "bench")
-    assert "(default: 48)" in bench_help and "(default: 2)" in bench_help and "smoke test" in bench_help
+    assert "(default: 48)" in bench_help and "(default: 3)" in bench_help and "smoke test" in bench_help
     parser = build_parser()
     for name, sub in parser._subparsers._group_actions[0].choices.items():
         text = " ".join(sub.format_help().split())

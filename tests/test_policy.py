@@ -91,8 +91,30 @@ def test_probabilities_sum_to_one_in_float64() -> None:
         ({"top_p": 1.5}, "top_p"),
         ({"min_p": 2.0}, "min_p"),
         ({"eta": 1.0}, "eta"),
+        ({"medusa_eps": 0.09}, "both medusa_eps and medusa_delta"),
+        ({"medusa_eps": 0.09, "medusa_delta": 0.0}, "medusa_delta must lie in"),
     ],
 )
 def test_bad_policies_are_refused(kwargs: dict, fragment: str) -> None:
     with pytest.raises(PolicyError, match=fragment):
         Policy(**kwargs)
+
+
+def test_the_medusa_gate_policy_is_the_medusa_rules_baseline_law() -> None:
+    """Lossless under the Medusa gate (the matched baseline of ``medusa:ε,δ``) samples exactly the
+    law the rule's TV(P, baseline) is measured against: ``p`` truncated to ``A ∪ {argmax}``,
+    including rows where ``A`` is empty (a flat ``p``: only the argmax is left)."""
+    from diagnostics.rules import get_rule
+
+    generator = torch.Generator().manual_seed(3)
+    logits = torch.randn(6, 50, generator=generator) * torch.tensor([3.0, 1.0, 0.3, 0.01, 2.0, 5.0])[:, None]
+    for eps, delta in ((0.09, 0.3), (0.3, 0.09), (1.0, 1.0)):
+        for base in (Policy(), Policy(temperature=0.7, top_k=20)):
+            gated = probabilities(logits, Policy(**{**base.as_dict(), "medusa_eps": eps, "medusa_delta": delta}))
+            expected = get_rule(f"medusa:{eps},{delta}").baseline(probabilities(logits, base))
+            # Same support exactly; the values to rounding (the rule renormalises its input first).
+            assert torch.equal(gated > 0, expected > 0)
+            assert torch.allclose(gated, expected, rtol=0, atol=1e-15)
+            assert torch.allclose(gated.sum(-1), torch.ones(6, dtype=torch.float64))
+    flat = probabilities(torch.zeros(1, 50), Policy(medusa_eps=1.0, medusa_delta=1.0))  # e^{−H'} = 1/50 + 1e-5 > p
+    assert int((flat > 0).sum()) == 1  # the gate is empty for a flat p; the top token is kept

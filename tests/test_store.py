@@ -17,7 +17,7 @@ from diagnostics.engine import PositionRecord
 from diagnostics.models import load_model
 from diagnostics.runner import RunRequest, compare_rules, record_run
 from diagnostics.store import SCHEMA_VERSION, Store, StoreBusy, StoreError
-from diagnostics.store.schema import POSITION_COLUMNS_ADDED_IN_3, RUN_COLUMNS_ADDED_IN_3
+from diagnostics.store.schema import POSITION_COLUMNS_ADDED_IN_3, RUN_COLUMNS_ADDED_IN_3, RUN_COLUMNS_ADDED_IN_5
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -216,7 +216,7 @@ def _downgrade(path: Path, version: int) -> None:
         con.execute("DROP TABLE sweeps")
         con.execute("DROP TABLE tree_nodes")
         con.execute("DROP TABLE tree_rounds")
-        for table, columns in (("runs", RUN_COLUMNS_ADDED_IN_3), ("positions", POSITION_COLUMNS_ADDED_IN_3)):
+        for table, columns in (("runs", RUN_COLUMNS_ADDED_IN_3 + RUN_COLUMNS_ADDED_IN_5), ("positions", POSITION_COLUMNS_ADDED_IN_3)):
             for column in columns:
                 con.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
         if version < 2:
@@ -417,3 +417,24 @@ def test_mark_interrupted_closes_only_runs_left_running(tmp_path: Path, tiny) ->
     assert store.mark_interrupted([done, left]) == [left]
     assert store.get_run(left)["status"] == "interrupted" and store.get_run(done)["status"] == "complete"
     assert store.mark_interrupted([left]) == []
+
+
+def test_a_schema_4_file_gains_the_draft_stop_column(tmp_path) -> None:
+    """Schema 5 appends runs.draft_stop: a schema-4 file (sweeps, no draft stop) opens read-only as it
+    is and replays as a run without adaptive drafting; a writable open migrates it, rows unchanged."""
+    import duckdb
+
+    from diagnostics.runner import request_from_run
+
+    path = tmp_path / "runs.duckdb"
+    store = Store(path)
+    run_id = store.start_run({"rule": "lossless", "prompt": "hi", "target": "tiny", "seed": 1, "max_new_tokens": 4,
+                              "draft": "early-exit:1", "gamma": 3, "draft_stop": 0.5})
+    assert request_from_run(store.get_run(run_id)).draft_stop == 0.5
+    with duckdb.connect(str(path)) as con:
+        con.execute("ALTER TABLE runs DROP COLUMN draft_stop")
+        con.execute("UPDATE meta SET value = '4' WHERE key = 'schema_version'")
+    old = Store(path, read_only=True)
+    assert "draft_stop" not in old.get_run(run_id) and request_from_run(old.get_run(run_id)).draft_stop is None
+    migrated = Store(path)
+    assert migrated.schema_version() == SCHEMA_VERSION and migrated.get_run(run_id)["draft_stop"] is None

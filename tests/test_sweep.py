@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from diagnostics.engine import EngineError
 from diagnostics.evaluation.plan import expand_rule, unit_members
@@ -64,6 +65,11 @@ def test_rule_ranges_and_members() -> None:
         ("rule", "typical:0.2"), ("baseline", "baseline of typical:0.2")]
     assert members[3].request.policy.min_p == 0.3 and members[5].request.policy.eta == 0.2
     assert members[3].request.draft_policy.min_p is None  # the baseline verifies the same drafts
+    medusa = unit_members(RunRequest(prompt="x"), ["medusa:0.09,0.3"])
+    assert [(m.role, m.label) for m in medusa] == [("lossless", "lossless"), ("rule", "medusa:0.09,0.3"),
+                                                   ("baseline", "baseline of medusa:0.09,0.3")]
+    assert (medusa[2].request.policy.medusa_eps, medusa[2].request.policy.medusa_delta) == (0.09, 0.3)
+    assert medusa[2].request.draft_policy.medusa_eps is None
     with pytest.raises(EngineError, match="at least one --rule"):
         expand_rules([])
 
@@ -155,6 +161,114 @@ def test_a_stopped_sweep_resumes_to_the_same_tokens(prompt_file: Path, tiny_targ
     assert tokens(stopped, sweep_id) == tokens(whole, reference)
     assert len(stopped.sweep_runs(sweep_id)) == 12 and set(stopped.sweep_runs(sweep_id)["status"]) == {"complete"}
 
+    # Ctrl-C mid-unit: the unit's finished lossless run is stored before the unit could be linked;
+    # resume drops it (found by the unit's group) with the interrupted member, and runs the unit again.
+    broken = Store(tmp_path / "broken.duckdb")
+    def interrupt() -> bool:
+        if len(broken.list_runs()) >= 4 and broken.list_runs()["status"].eq("running").any():
+            raise KeyboardInterrupt
+        return False
+
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(broken, tiny_target, "early-exit:2", settings, should_stop=interrupt)
+    interrupted_id = broken.list_sweeps()["sweep_id"].iloc[0]
+    assert broken.get_sweep(interrupted_id)["status"] == "interrupted" and len(broken.list_runs()) == 4
+    assert len(broken.sweep_runs(interrupted_id)) == 2  # unit 2's runs were never linked
+    run_sweep(broken, tiny_target, "early-exit:2", broken.get_sweep(interrupted_id)["settings"], sweep_id=interrupted_id)
+    assert tokens(broken, interrupted_id) == tokens(whole, reference)
+    assert len(broken.list_runs()) == 12  # no orphan left behind
+
+
+def test_a_killed_sweep_command_resumes_to_the_same_tokens(prompt_file: Path, tiny_folder3: str, tiny_target, tmp_path: Path) -> None:
+    """``sweep`` killed with SIGKILL after two units: ``--resume`` runs the rest, and every unit's
+    tokens equal an uninterrupted sweep's; nothing the kill left half-written remains."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from diagnostics.cli import main
+
+    db = tmp_path / "killed.duckdb"
+    command = [sys.executable, "-m", "diagnostics", "sweep", "--prompts", str(prompt_file), "--rule", "lenience:0.5",
+               "--rule", "cascade:0.3", "--seeds", "2", "--target", tiny_folder3, "--draft", "early-exit:2",
+               "--max-new-tokens", "24", "--raw", "--db", str(db), "--cost", "0.5"]
+    root = Path(__file__).resolve().parent.parent
+    child = subprocess.Popen(command, cwd=root, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                             env={**os.environ, "PYTHONPATH": str(root)})
+    lines = []
+    for line in child.stderr:
+        lines.append(line)
+        if "unit 2/6 done" in line:
+            child.send_signal(signal.SIGKILL)
+            break
+    child.wait(timeout=60)
+    assert child.returncode == -signal.SIGKILL, "".join(lines)
+    sweep_id = lines[0].split()[1].rstrip(":")
+    killed = Store(db)
+    assert killed.get_sweep(sweep_id)["status"] == "running"  # a kill leaves no chance to say otherwise
+    assert main(["sweep", "--resume", sweep_id, "--target", tiny_folder3, "--db", str(db), "--cost", "0.5"]) == 0
+    assert killed.get_sweep(sweep_id)["status"] == "complete"
+    whole = Store(tmp_path / "whole.duckdb")
+    reference = run_sweep(whole, tiny_target, "early-exit:2", killed.get_sweep(sweep_id)["settings"])
+
+    def tokens(store: Store, sid: str) -> dict[tuple[int, str], list[int]]:
+        return {(int(row.unit), row.label): list(store.get_run(row.run_id)["tokens"]) for row in store.sweep_runs(sid).itertuples()}
+
+    assert tokens(killed, sweep_id) == tokens(whole, reference)
+    assert len(killed.list_runs()) == 6 * 4 and set(killed.list_runs()["status"]) == {"complete"}
+
+
+def test_a_sweep_on_ray_gives_the_same_records_and_survives_a_lost_worker(prompt_file: Path, tiny_folder3: str, tiny_target,
+                                                                         tmp_path: Path, monkeypatch, capsys) -> None:
+    """``sweep --ray --workers 2`` (a local Ray): every stored record of every run (positions, tree
+    rounds and nodes, summaries) equals the in-process sweep's, bit for bit, although the worker
+    running unit 1 dies (it exits the first time) and the unit is run again on a new worker."""
+    from diagnostics.cli import main
+    from diagnostics.evaluation.distributed import CRASH_ONCE
+
+    marker = tmp_path / "crashed"
+    monkeypatch.setenv(CRASH_ONCE, f"{marker}:1")
+    db = tmp_path / "ray.duckdb"
+    status = main(["sweep", "--prompts", str(prompt_file), "--rule", "lenience:0.5", "--rule", "cascade:0.3", "--seeds", "2",
+                   "--target", tiny_folder3, "--draft", "early-exit:2", "--tree", "2,1", "--max-new-tokens", "8", "--raw",
+                   "--db", str(db), "--cost", "0.5", "--ray", "--workers", "2", "--no-progress"])
+    out, err = capsys.readouterr()
+    assert status == 0, err
+    assert marker.exists()  # a worker did die
+    on_ray = Store(db)
+    sweep_id = json.loads(out.strip().splitlines()[-1])["sweep_id"]
+    assert on_ray.get_sweep(sweep_id)["status"] == "complete"
+    local = Store(tmp_path / "local.duckdb")
+    # A worker computes with one thread; so does the reference here, so that floats may be compared
+    # bit for bit (other thread counts reorder sums: the tokens agree, the floats to ~1e-16).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        reference = run_sweep(local, tiny_target, "early-exit:2", on_ray.get_sweep(sweep_id)["settings"])
+    finally:
+        torch.set_num_threads(threads)
+
+    def records(store: Store, sid: str) -> dict[tuple[int, str], tuple]:
+        found = {}
+        for row in store.sweep_runs(sid).itertuples():
+            run = store.get_run(row.run_id)
+            summary = {key: run[key] for key in ("tokens", "output_text", "drafted", "accepted", "target_passes", "status",
+                                                   "mean_tv_target", "mean_tv_baseline", "divergence_position", "tree")}
+            tables = [frame.drop(columns=["run_id"]).reset_index(drop=True) for frame in
+                      (store.positions(row.run_id), store.tree_rounds(row.run_id), store.tree_nodes(row.run_id))]
+            found[(int(row.unit), row.label)] = (json.dumps(summary, default=str, sort_keys=True), tables)
+        return found
+
+    assert len(on_ray.list_runs()) == 6 * 4
+    ours, theirs = records(on_ray, sweep_id), records(local, reference)
+    assert ours.keys() == theirs.keys()
+    for key in ours:
+        assert ours[key][0] == theirs[key][0], key
+        for table, expected in zip(ours[key][1], theirs[key][1]):
+            pd.testing.assert_frame_equal(table, expected, check_exact=True, obj=f"{key}")
+    assert sum(len(nodes) for _summary, (_positions, _rounds, nodes) in ours.values()) > 100
+
 
 def test_bootstrap_interval_covers_a_known_difference() -> None:
     """A synthetic paired difference with prompt effects and seed noise: the 95% interval covers
@@ -189,6 +303,19 @@ def test_sweep_command_prints_figures_and_verdicts(prompt_file: Path, tiny_folde
     assert "pass --prompts FILE" in capsys.readouterr().err
     assert main(["sweep", "--resume", "nope", "--db", str(db)]) == 2
     assert "there is no sweep 'nope'" in capsys.readouterr().err
+    assert main(["sweep", "--prompts", str(prompt_file), "--rule", "lenience:0.5", "--limit", "0", "--db", str(db)]) == 2
+    assert "--limit must be at least 1" in capsys.readouterr().err
+    assert main(["sweep", "--prompts", str(prompt_file), "--rule", "lenience:0.5", "--workers", "2", "--db", str(db)]) == 2
+    assert "--workers N needs --ray" in capsys.readouterr().err
+    assert main(["sweep", "--prompts", str(prompt_file), "--rule", "lenience:0.5", "--threads", "0", "--db", str(db)]) == 2
+    assert "--threads must be at least 1" in capsys.readouterr().err
+    # Ray is imported only by a sweep that asks for it.
+    import subprocess
+    import sys
+
+    probe = ("import sys, diagnostics.cli, diagnostics.evaluation.sweeper, diagnostics.evaluation.stats\n"
+             "assert 'ray' not in sys.modules, 'ray imported'")
+    assert subprocess.run([sys.executable, "-c", probe], cwd=Path(__file__).resolve().parent.parent).returncode == 0
 
 
 def test_humaneval_checker_runs_the_problem_tests_in_a_sandbox() -> None:
@@ -265,3 +392,43 @@ def test_a_sweep_goes_into_the_report(prompt_file: Path, tiny_target, tmp_path: 
     assert "<img src=x" not in text and "&lt;img src=x onerror=alert(1)&gt;.jsonl" in text and "baseline of cascade:0.3" in text
     assert main(["report", "--sweep", "nope", "--db", str(store.path), "-o", str(output)]) == 2
     assert "there is no sweep 'nope'" in capsys.readouterr().err
+
+
+def test_sweep_page_launches_a_sweep_and_resumes_a_stopped_one(prompt_file: Path, tiny_folder3: str, tiny_target, tmp_path: Path,
+                                                              monkeypatch) -> None:
+    """The launch form plans the sweep (units × coupled runs), runs it in the page and shows it; an
+    interrupted sweep gets a Resume button that runs only its missing units."""
+    from app_support import open_page
+
+    db = tmp_path / "launch.duckdb"
+    monkeypatch.setenv("SPECLAB_DB", str(db))
+    at = open_page("views/sweep.py")
+    assert any("No sweeps yet" in info.value for info in at.info)
+    at.selectbox(key="sw_set").set_value("a JSONL file").run()
+    at.text_input(key="sw_file").set_value(str(prompt_file))
+    at.text_input(key="sw_target").set_value(tiny_folder3).run()
+    at.number_input(key="sw_limit").set_value(2)
+    at.number_input(key="sw_seeds").set_value(1)
+    at.text_input(key="sw_rules").set_value("lenience:0.5, cascade:0.3")
+    at.number_input(key="sw_max_tokens").set_value(6)
+    at.checkbox(key="sw_raw").set_value(True).run()
+    assert not at.exception
+    assert any("2 units (prompt × seed) × 4 coupled runs = 8 runs" in caption.value for caption in at.caption), (
+        [c.value for c in at.caption], [e.value for e in at.error])
+    at.button(key="sw_start").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    store = Store(db, read_only=True)
+    sweeps = store.list_sweeps()
+    assert len(sweeps) == 1 and sweeps["status"].iloc[0] == "complete" and sweeps["units_done"].iloc[0] == 2
+    assert len(store.sweep_runs(sweeps["sweep_id"].iloc[0])) == 8
+    assert at.dataframe and list(at.dataframe[0].value["setting"])[:2] == ["lossless", "lenience:0.5"]
+
+    settings = store.get_sweep(sweeps["sweep_id"].iloc[0])["settings"]
+    writer = Store(db)
+    stopped_id = run_sweep(writer, tiny_target, "early-exit:2", settings, should_stop=lambda: len(writer.list_runs()) >= 8 + 5)
+    assert writer.get_sweep(stopped_id)["status"] == "interrupted"
+    at = open_page("views/sweep.py", {"sweep": stopped_id})
+    assert any("interrupted with 1 of 2 units" in warning.value for warning in at.warning)
+    at.button(key="sw_resume").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert writer.get_sweep(stopped_id)["status"] == "complete" and len(writer.sweep_runs(stopped_id)) == 8

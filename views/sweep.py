@@ -1,22 +1,164 @@
-"""Sweeps: the Pareto chart of speed against quality, the per-setting table with intervals and
-verdicts, and each setting's runs (to Inspect). Sweeps are launched with ``python -m diagnostics sweep``."""
+"""Sweeps: launch one (progress, Stop, Resume), then the Pareto chart of speed against quality,
+the per-setting table with intervals and verdicts, and each setting's runs (to Inspect)."""
 
 from __future__ import annotations
+
+import threading
 
 import pandas as pd
 import streamlit as st
 
-from diagnostics.charts import pareto_figure
+from diagnostics.charts import pareto_figure, token_strip_html
+from diagnostics.engine import EngineError
+from diagnostics.evaluation.plan import unit_members
+from diagnostics.evaluation.prompts import PromptSetError, load_prompts
 from diagnostics.evaluation.stats import summarise_sweep, sweep_table
-from views.common import literal, md, open_store, plain, run_link
+from diagnostics.evaluation.sweeper import (
+    base_request,
+    expand_rules,
+    plan_units,
+    run_sweep,
+    settings_of,
+)
+from diagnostics.models import ModelError, load_draft
+from diagnostics.rules import RuleError, split_specs
+from diagnostics.store import StoreError
+from views.common import (
+    cached_model,
+    cost_ratio_input,
+    literal,
+    md,
+    open_store,
+    plain,
+    run_link,
+    show_error,
+    target_if_allowed,
+)
+from views.run_form import RULE_HELP, request_widgets
+
+SETS = {"general (24 short chat prompts)": "general", "HumanEval (164 problems)": "humaneval", "a JSONL file": None}
 
 st.title("Sweeps")
 store = open_store()
 if store is None:
     st.stop()
+
+
+def plan_from_widgets() -> dict | None:
+    """The sweep the launch form describes (its stored settings), or ``None`` with the reason shown."""
+    choice = st.selectbox("Prompt set", list(SETS), key="sw_set",
+                          help="JSONL: one object per line with \"prompt\", optional \"id\" and \"checker\" (exact, regex, humaneval)")
+    source = SETS[choice] or st.text_input("JSONL file (a path on this machine)", key="sw_file")
+    cols = st.columns(2)
+    limit = cols[0].number_input("Prompts (the first N; 0 = all)", 0, 100000, 4, key="sw_limit")
+    seeds = cols[1].number_input("Seeds per prompt", 1, 64, 2, key="sw_seeds")
+    rules_text = st.text_input("Rules (ranges LOW..HIGH:COUNT allowed)", "lenience:0.2..1.0:5, cascade:0.3, typical:0.2", key="sw_rules",
+                               help="Each runs beside the lossless run and its matched baseline, coupled (same prompt, seed "
+                                    "and uniforms). " + RULE_HELP)
+    target_name, request = request_widgets("sw", "lossless", with_prompt=False)
+    if not source or request is None:
+        return None
+    try:
+        prompts = load_prompts(source)
+        prompts = prompts[: int(limit)] if limit else prompts
+        settings = {**settings_of(prompts, expand_rules(split_specs(rules_text)), int(seeds), request, str(source)),
+                    "target": target_name.strip() or "default"}
+        units = plan_units(settings)
+        members = unit_members(base_request(settings), settings["rules"])
+        for member in members:
+            member.request.validate()
+    except (PromptSetError, RuleError, EngineError, ValueError) as error:
+        show_error(error)
+        return None
+    runs = len(units) * len(members)
+    st.caption(f"{len(units)} units (prompt × seed) × {len(members)} coupled runs = {runs} runs of at most "  # literal-ok: counts
+               f"{int(request.max_new_tokens)} tokens")
+    return settings
+
+
+def run_on_page(settings: dict, sweep_id: str | None) -> None:
+    """Run (or resume) a sweep in this script: a progress bar per unit, the running member's tokens,
+    and Stop (any click stops the script; the finished units are kept, the sweep is ``interrupted``)."""
+    try:
+        target = cached_model(settings.get("target", "default"))
+        draft = load_draft(base_request(settings).draft, target)
+    except (ModelError, ValueError) as error:
+        show_error(error)
+        st.stop()
+    holder: dict = {"sweep_id": sweep_id}
+    finished = threading.Event()
+    st.session_state["sw_launching"] = (holder, finished)  # the next script run finds what a Stop left
+    st.button("Stop", key="sw_stop", help="Stops the sweep after the running block: finished units are kept; Resume runs the rest.")
+    bar, line, strip = st.progress(0.0, text="loading"), st.empty(), st.empty()
+
+    def on_open(plan) -> None:
+        holder["sweep_id"] = plan.sweep_id
+        bar.progress(len(plan.finished) / len(plan.units), text=f"{len(plan.finished)} / {len(plan.units)} units")  # literal-ok: counts
+
+    def on_unit(done: int, total: int, _unit) -> None:
+        bar.progress(done / total, text=f"{done} / {total} units")  # literal-ok: counts
+
+    def on_record_for(unit, member):
+        records: list[dict] = []
+
+        def show(record) -> None:
+            records.append(record.as_dict())
+            line.markdown(md("unit {unit} · prompt {prompt} · seed {seed} · {label}: ", unit=unit.index, prompt=unit.prompt_id,  # literal-ok: md()
+                             seed=unit.seed, label=member.label) + f"{len(records)} tokens")
+            strip.html(token_strip_html(records))
+        return show
+
+    try:
+        try:
+            sweep_id = run_sweep(store, target, draft, settings, sweep_id=sweep_id, on_open=on_open, on_unit=on_unit,
+                                 on_record_for=on_record_for)
+        finally:
+            finished.set()
+    except (RuleError, EngineError, ModelError, StoreError, ValueError) as error:
+        st.session_state.pop("sw_launching", None)
+        show_error(error)
+        st.stop()
+    st.session_state.pop("sw_launching", None)
+    st.session_state["sw_show"] = sweep_id  # picked on the rerun, before the picker exists
+    st.query_params["sweep"] = sweep_id
+    st.rerun()
+
+
+def settle_stopped_launch() -> None:
+    """After a Stop: wait for the stopped script's thread, then make sure nothing it ran is left
+    ``running`` (the sweep and its unit's runs are marked ``interrupted``), and show that sweep."""
+    holder, finished = st.session_state.pop("sw_launching")
+    finished.wait(timeout=30)
+    stopped = holder.get("sweep_id")
+    if stopped is None:
+        return
+    try:
+        sweep = store.get_sweep(stopped)
+        if sweep is not None and sweep["status"] == "running":
+            store.set_sweep_status(stopped, "interrupted", error="stopped by the user")
+        runs = store.list_runs()
+        if not runs.empty:
+            left = runs[(runs["status"] == "running") & runs["group_id"].fillna("").str.startswith(f"{stopped}-u")]
+            store.mark_interrupted(left["run_id"].tolist())
+    except StoreError as error:
+        show_error(error)
+    st.session_state["sweep_pick"] = stopped
+    st.query_params["sweep"] = stopped
+
+
+if "sw_launching" in st.session_state:
+    settle_stopped_launch()
+if "sw_show" in st.session_state:
+    st.session_state["sweep_pick"] = st.session_state.pop("sw_show")
 sweeps = store.list_sweeps()
+with st.expander("Launch a sweep", expanded=sweeps.empty):
+    planned = plan_from_widgets()
+    start = st.button("Run the sweep", type="primary", key="sw_start", disabled=planned is None or store.read_only,
+                      help="Runs here, in the dashboard; keep this page open. Long sweeps: python -m diagnostics sweep (or --ray).")
+if start and planned:
+    run_on_page(planned, None)
 if sweeps.empty:
-    st.info("No sweeps yet. Run one with `python -m diagnostics sweep --prompts general --rule lenience:0.2..1.0:5 "
+    st.info("No sweeps yet: launch one above, or run `python -m diagnostics sweep --prompts general --rule lenience:0.2..1.0:5 "
             "--rule cascade:0.3 --seeds 2`.")
     st.stop()
 
@@ -36,11 +178,17 @@ st.caption(md("prompts {file} ({count}) · rules {rules} · {seeds} seeds · dra
               status=sweep["status"]))
 if sweep["status"] != "complete":
     st.warning(f"This sweep is {sweep['status']} with {int(sweep['units_done'] or 0)} of {int(sweep['units'] or 0)} units; "  # literal-ok: status from the validated set, counts
-               "the figures below use the units that finished. Resume it with `python -m diagnostics sweep --resume ID`.")
+               "the figures below use the units that finished. Resume runs only the missing units (here, or with "
+               "`python -m diagnostics sweep --resume` and the sweep's id).")
+    if st.button("Resume", key="sw_resume", disabled=store.read_only, help="Loads the sweep's models and runs its missing units here"):
+        run_on_page(settings, sweep_id)
 
-cost = st.number_input("draft/target cost c", 0.0, 10.0, 0.5, 0.01, format="%.3f", key="sweep_cost",
-                       help="Time of one draft step over one target step, for the modelled speed-up. Type your hardware's.")
-table = sweep_table(store, sweep_id, cost)
+linked = store.sweep_runs(sweep_id)
+first_run = store.get_run(linked["run_id"].iloc[0]) if not linked.empty else None
+# The same default as Inspect: measured on this machine when the models may be loaded, else L/N
+# for an early exit (the sweep's runs share their target and drafter).
+cost = cost_ratio_input(first_run, target_if_allowed(first_run), "sweep", st) if first_run is not None else None
+table = sweep_table(store, sweep_id, 0.0 if cost is None else cost)
 summaries = summarise_sweep(table)
 if not summaries:
     st.info("No unit of this sweep has finished yet.")

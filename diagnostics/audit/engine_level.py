@@ -109,6 +109,72 @@ def _uniformity(values: list[float], bins: int):
     return counts, chi_square_gof(counts, torch.full((bins,), 1.0 / bins))
 
 
+@dataclass
+class PitSample:
+    """What a batch of seeded generations contributes to an engine audit: the PIT of every emitted
+    token (by output position), impossible tokens and crashes. Batches of disjoint seeds merge
+    (``merge``) into exactly what one pass over all the seeds gives."""
+
+    by_position: dict[int, list[float]] = field(default_factory=dict)
+    impossible: int = 0
+    errors: int = 0
+    first_error: str | None = None
+    generations: int = 0
+    time_s: float = 0.0
+
+    def merge(self, other: "PitSample") -> "PitSample":
+        merged = PitSample({position: list(values) for position, values in self.by_position.items()},
+                           self.impossible + other.impossible, self.errors + other.errors,
+                           self.first_error or other.first_error, self.generations + other.generations,
+                           self.time_s + other.time_s)
+        for position, values in other.by_position.items():
+            merged.by_position.setdefault(position, []).extend(values)
+        return merged
+
+
+def pit_sample(generate_fn: Generator, target, prompt_ids: list[int], seeds: range | list[int], policy=None,
+               eos: set[int] | None = None, progress: Callable[[int, int], None] | None = None) -> PitSample:
+    """Run ``generate_fn`` on each seed and take the randomized PIT of each emitted token against
+    the target's law recomputed by teacher forcing. The PIT's auxiliary uniform ``V`` of a
+    generation comes from a generator keyed by its seed (independent of the generator under
+    audit), so any split of the seeds gives the same values."""
+    from diagnostics.policy import Policy
+
+    policy = policy or Policy()
+    stop = set(eos or ())
+    sample = PitSample()
+    seeds = list(seeds)
+    started = time.perf_counter()
+    for seed in seeds:
+        sample.generations += 1
+        if progress is not None:
+            progress(sample.generations, len(seeds))
+        try:
+            tokens = list(generate_fn(list(prompt_ids), int(seed)))
+        except Exception as error:  # a generator that crashes on some seeds is not a sampler of p
+            sample.errors += 1
+            sample.first_error = sample.first_error or f"seed {seed}: {error.__class__.__name__}: {error}"
+            continue
+        for index, token in enumerate(tokens):
+            if token in stop:
+                tokens = tokens[: index + 1]
+                break
+        if not tokens:
+            continue
+        auxiliary = torch.Generator().manual_seed((AUXILIARY_SEED + int(seed)) % 2**63)
+        laws = teacher_forced_laws(target, prompt_ids, tokens, policy)  # the last row (after every token) is unused
+        for position, (law, token) in enumerate(zip(laws, tokens)):
+            if not 0 <= token < law.numel() or law[token] <= 0:
+                sample.impossible += 1
+                continue
+            sample.by_position.setdefault(position, []).append(randomized_pit(law, token, auxiliary))
+    sample.time_s = time.perf_counter() - started
+    return sample
+
+
+AUXILIARY_SEED = 12345
+
+
 def audit_generator(
     generate_fn: Generator,
     target,
@@ -127,41 +193,16 @@ def audit_generator(
     PIT's χ² p-value is below ``level/2``, or some position's Holm-adjusted p-value is below
     ``level/2``. A correct generator passes with probability at least ``1 − level``.
     """
-    from diagnostics.policy import Policy
+    sample = pit_sample(generate_fn, target, prompt_ids, seeds, policy=policy, eos=eos, progress=progress)
+    return engine_audit(sample, prompt_ids, seeds, level=level, implementation=implementation, settings=settings)
 
-    policy = policy or Policy()
-    stop = set(eos or ())
-    auxiliary = torch.Generator().manual_seed(12345)  # independent of the generator under audit
-    pooled: list[float] = []
-    by_position: dict[int, list[float]] = {}
-    impossible = errors = generations = 0
-    first_error = None
+
+def engine_audit(sample: PitSample, prompt_ids: list[int], seeds: range | list[int], level: float = 0.01,
+                 implementation: str = "generator", settings: dict | None = None) -> EngineAudit:
+    """The verdict and evidence of ``sample`` (one batch, or merged batches covering ``seeds``)."""
     seeds = list(seeds)
-    started = time.perf_counter()
-    for seed in seeds:
-        generations += 1
-        if progress is not None:
-            progress(generations, len(seeds))
-        try:
-            tokens = list(generate_fn(list(prompt_ids), int(seed)))
-        except Exception as error:  # a generator that crashes on some seeds is not a sampler of p
-            errors += 1
-            first_error = first_error or f"seed {seed}: {error.__class__.__name__}: {error}"
-            continue
-        for index, token in enumerate(tokens):
-            if token in stop:
-                tokens = tokens[: index + 1]
-                break
-        if not tokens:
-            continue
-        laws = teacher_forced_laws(target, prompt_ids, tokens, policy)  # the last row (after every token) is unused
-        for position, (law, token) in enumerate(zip(laws, tokens)):
-            if not 0 <= token < law.numel() or law[token] <= 0:
-                impossible += 1
-                continue
-            value = randomized_pit(law, token, auxiliary)
-            pooled.append(value)
-            by_position.setdefault(position, []).append(value)
+    by_position = sample.by_position
+    pooled = [value for position in sorted(by_position) for value in by_position[position]]
     counts, result = _uniformity(pooled, PIT_BINS) if pooled else (torch.zeros(PIT_BINS), None)
     statistic, p_value = (result.statistic, result.p_value) if result else (0.0, 1.0)
     tested = [(position, values) for position, values in sorted(by_position.items()) if len(values) >= POSITION_MIN_TOKENS]
@@ -170,21 +211,25 @@ def audit_generator(
     positions = [PositionTest(position=position, tokens=count, statistic=test.statistic, p_value=test.p_value, adjusted_p=adj)
                  for (position, count, test), adj in zip(raw, adjusted)]
     worst = min(positions, key=lambda item: item.adjusted_p) if positions else None
-    failed = (impossible > 0 or errors > 0 or p_value < level / 2
+    failed = (sample.impossible > 0 or sample.errors > 0 or p_value < level / 2
               or (worst is not None and worst.adjusted_p < level / 2))
     return EngineAudit(
-        implementation=implementation, generations=generations, tokens=len(pooled),
-        verdict="fail" if failed else "pass", statistic=statistic, p_value=p_value, impossible=impossible, level=level,
+        implementation=implementation, generations=sample.generations, tokens=len(pooled),
+        verdict="fail" if failed else "pass", statistic=statistic, p_value=p_value, impossible=sample.impossible, level=level,
         detectable_tv=detectable_tv(max(1, len(pooled)), PIT_BINS - 1, level / 2, DETECTION_POWER),
-        bin_counts=[int(count) for count in counts.tolist()], errors=errors, first_error=first_error,
+        bin_counts=[int(count) for count in counts.tolist()], errors=sample.errors, first_error=sample.first_error,
         positions=positions, worst_position=worst.position if worst else None,
-        worst_position_p=worst.adjusted_p if worst else None, time_s=time.perf_counter() - started,
+        worst_position_p=worst.adjusted_p if worst else None, time_s=sample.time_s,
         settings=dict(settings or {}, prompt_ids=list(prompt_ids), seeds=f"{seeds[0]}..{seeds[-1]}" if seeds else ""),
     )
 
 
-def transformers_generator(target, assistant, max_new_tokens: int, policy=None, **settings) -> Generator:
-    """transformers ``generate`` with ``assistant_model`` and ``do_sample=True`` as an audited generator."""
+def transformers_generator(target, assistant, max_new_tokens: int, policy=None, gamma: int | None = None,
+                           **settings) -> Generator:
+    """transformers ``generate`` with ``assistant_model`` and ``do_sample=True`` as an audited generator;
+    ``gamma`` fixes its drafts per block (set on the assistant's ``generation_config``, where
+    transformers reads it; its confidence stop is then off), else its own defaults."""
+    from diagnostics.hf_assisted import assistant_settings, fixed_gamma
     from diagnostics.policy import Policy
 
     policy = policy or Policy()
@@ -195,10 +240,12 @@ def transformers_generator(target, assistant, max_new_tokens: int, policy=None, 
     if policy.eta is not None:
         sampling["eta_cutoff"] = policy.eta
 
+    drafting = fixed_gamma(gamma) if gamma is not None else None
+
     def run(prompt_ids: list[int], seed: int) -> list[int]:
         torch.manual_seed(seed)
         ids = torch.tensor([prompt_ids], device=target.device)
-        with torch.inference_mode():
+        with assistant_settings(assistant.model, drafting), torch.inference_mode():
             output = target.model.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=assistant.model,
                                            max_new_tokens=max_new_tokens, **sampling, **settings)
         return output[0, len(prompt_ids):].tolist()
@@ -211,10 +258,10 @@ def engine_generator(target, draft, max_new_tokens: int, policy=None, **settings
     from diagnostics.engine import generate
     from diagnostics.policy import Policy
 
-    policy_settings = (policy or Policy()).as_dict()
+    policy = policy or Policy()
 
     def run(prompt_ids: list[int], seed: int) -> list[int]:
         return generate(target, draft, prompt_ids, max_new_tokens=max_new_tokens, seed=seed, record=False,
-                        **policy_settings, **settings).tokens
+                        policy=policy, **settings).tokens
 
     return run

@@ -161,18 +161,38 @@ def rule_adapter(rule: Rule | str) -> Verify:
     return verify
 
 
-def transformers_adapter() -> Verify:
-    """transformers' ``_speculative_sampling`` with one candidate: logits ``log q`` and ``log p``."""
+CANDIDATES_PER_CALL = 16
+
+
+def transformers_adapter(candidates: int = CANDIDATES_PER_CALL) -> Verify:
+    """transformers' ``_speculative_sampling`` on our drafts, ``candidates`` drafts per call.
+
+    One call verifies a block of drafts from the same ``(q, p)`` (logits ``log q`` and ``log p`` on
+    every position): it returns the accepted prefix and, at the first refusal, its fallback draw.
+    Each of those is one verification outcome of one draft; the drafts after a refusal are never
+    looked at and go back to the pool. The drafts are i.i.d. and which are verified depends only on
+    earlier outcomes, so the outcomes are i.i.d. draws of the per-draft output law, exactly as one
+    call per draft gives them (a block fully accepted also draws a bonus from ``p``, which verifies
+    nothing and is dropped). The function's batch axis cannot be used instead: it counts matches
+    with a cumulative sum over the whole tensor, so rows of a batch would stop each other.
+    """
     from transformers.generation.utils import _speculative_sampling
 
     def verify(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator)))
-        candidate_logits = torch.log(q.float()).reshape(1, 1, -1)
-        new_logits = torch.log(p.float()).reshape(1, 1, -1).expand(1, 2, -1)  # position 0 and the bonus position
+        size = min(candidates, drafts.numel()) or 1
+        candidate_logits = torch.log(q.float()).reshape(1, 1, -1).expand(1, size, -1)
+        new_logits = torch.log(p.float()).reshape(1, 1, -1).expand(1, size + 1, -1)  # every candidate and the bonus position
         emitted = torch.empty_like(drafts)
-        for index, draft in enumerate(drafts.tolist()):
-            tokens, _ = _speculative_sampling(torch.tensor([[draft]]), candidate_logits, 1, new_logits)
-            emitted[index] = tokens[0, 0]
+        done, total = 0, drafts.numel()
+        while done < total:
+            block = drafts[done : done + size]
+            count = block.numel()
+            tokens, matches = _speculative_sampling(block.reshape(1, -1), candidate_logits[:, :count], count,
+                                                    new_logits[:, : count + 1])
+            outcomes = tokens[0, : min(int(matches) + 1, count)]  # the accepted drafts, then the refused one's fallback
+            emitted[done : done + outcomes.numel()] = outcomes
+            done += outcomes.numel()
         return emitted
 
     return verify

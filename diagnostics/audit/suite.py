@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from diagnostics.audit.engine_level import EngineAudit, audit_generator, engine_generator, transformers_generator
+from diagnostics.audit.engine_level import EngineAudit, PitSample, audit_generator, engine_generator, pit_sample, transformers_generator
 from diagnostics.audit.mutants import ENGINE_MUTANT_POLICY, ENGINE_MUTANTS, RULE_MUTANTS, TREE_MUTANTS
 from diagnostics.audit.rule_level import RuleAudit, audit_rule, battery, model_pairs, rule_adapter, transformers_adapter
 from diagnostics.engine import CORRECT
@@ -113,16 +113,28 @@ def model_setup(target_spec: str = "default", layer: int | None = None, prompt: 
                        {"target": target.name, "draft": draft.name, "prompt": prompt})
 
 
-def run_engine_audit(implementation: str, setup: EngineSetup, generations: int = TINY_BUDGET[0], max_new_tokens: int = TINY_BUDGET[1],
-                     gamma: int = 3, policy: Policy | None = None, level: float = 0.01, first_seed: int = 0,
-                     progress: Callable[[int, int], None] | None = None, tree: TreeSpec | None = None) -> EngineAudit:
-    """Seeded generations ``first_seed … first_seed + generations − 1`` of a named generator, audited.
-    With ``tree``, our tree engine (``ours``) or a planted tree bug (``TREE_MUTANTS``)."""
+@dataclass
+class EnginePlan:
+    """A named generator ready to audit: what ``run_engine_audit`` runs, and what ``audit --all``
+    runs in parts (disjoint seed ranges in worker processes, merged before the verdict)."""
+
+    generator: Callable[[list[int], int], list[int]]
+    policy: Policy
+    name: str
+    settings: dict
+    seeds: range
+
+
+def plan_engine_audit(implementation: str, setup: EngineSetup, generations: int = TINY_BUDGET[0],
+                      max_new_tokens: int = TINY_BUDGET[1], gamma: int = 3, policy: Policy | None = None,
+                      level: float = 0.01, first_seed: int = 0, tree: TreeSpec | None = None) -> EnginePlan:
+    """Check the settings and build the generator of a named implementation (see ``run_engine_audit``)."""
     check_budget(generations, max_new_tokens, gamma)
     if not 0 < level < 1:
         raise AuditError(f"--level must lie in (0, 1), got {level}")
+    seeds = range(first_seed, first_seed + generations)
     if tree is not None:
-        return _tree_engine_audit(implementation, setup, generations, max_new_tokens, tree, policy, level, first_seed, progress)
+        return _tree_engine_plan(implementation, setup, max_new_tokens, tree, policy, seeds)
     if implementation in TREE_MUTANTS:
         raise AuditError(f"{implementation!r} is a planted tree bug; audit it with --tree, e.g. --tree 3,2,1")
     if implementation not in ENGINE_IMPLEMENTATIONS:
@@ -131,8 +143,7 @@ def run_engine_audit(implementation: str, setup: EngineSetup, generations: int =
     if policy is None:
         policy = Policy(**ENGINE_MUTANT_POLICY.get(implementation, {}))
     if implementation == "transformers":
-        generator = transformers_generator(setup.target, setup.draft, max_new_tokens, policy=policy,
-                                           num_assistant_tokens=gamma, num_assistant_tokens_schedule="constant")
+        generator = transformers_generator(setup.target, setup.draft, max_new_tokens, policy=policy, gamma=gamma)
     else:
         seams = ENGINE_MUTANTS[implementation][1] if implementation in ENGINE_MUTANTS else CORRECT
         generator = engine_generator(setup.target, setup.draft, max_new_tokens, policy=policy, gamma=gamma,
@@ -141,14 +152,28 @@ def run_engine_audit(implementation: str, setup: EngineSetup, generations: int =
         implementation, f"planted:{implementation}")
     settings = dict(setup.description, implementation=implementation, gamma=gamma, max_new_tokens=max_new_tokens,
                     policy=policy.as_dict())
-    return audit_generator(generator, setup.target, setup.prompt_ids, range(first_seed, first_seed + generations),
-                           policy=policy, level=level, eos=setup.eos, implementation=name, settings=settings,
-                           progress=progress)
+    return EnginePlan(generator, policy, name, settings, seeds)
 
 
-def _tree_engine_audit(implementation: str, setup: EngineSetup, generations: int, max_new_tokens: int, tree: TreeSpec,
-                       policy: Policy | None, level: float, first_seed: int,
-                       progress: Callable[[int, int], None] | None) -> EngineAudit:
+def run_engine_audit(implementation: str, setup: EngineSetup, generations: int = TINY_BUDGET[0], max_new_tokens: int = TINY_BUDGET[1],
+                     gamma: int = 3, policy: Policy | None = None, level: float = 0.01, first_seed: int = 0,
+                     progress: Callable[[int, int], None] | None = None, tree: TreeSpec | None = None) -> EngineAudit:
+    """Seeded generations ``first_seed … first_seed + generations − 1`` of a named generator, audited.
+    With ``tree``, our tree engine (``ours``) or a planted tree bug (``TREE_MUTANTS``)."""
+    plan = plan_engine_audit(implementation, setup, generations, max_new_tokens, gamma, policy, level, first_seed, tree)
+    return audit_generator(plan.generator, setup.target, setup.prompt_ids, plan.seeds, policy=plan.policy, level=level,
+                           eos=setup.eos, implementation=plan.name, settings=plan.settings, progress=progress)
+
+
+def engine_audit_part(plan: EnginePlan, setup: EngineSetup, part: int, parts: int) -> PitSample:
+    """The PIT sample of the ``part``-th of ``parts`` contiguous slices of the plan's seeds."""
+    seeds = list(plan.seeds)
+    chunk = seeds[part * len(seeds) // parts : (part + 1) * len(seeds) // parts]
+    return pit_sample(plan.generator, setup.target, setup.prompt_ids, chunk, policy=plan.policy, eos=setup.eos)
+
+
+def _tree_engine_plan(implementation: str, setup: EngineSetup, max_new_tokens: int, tree: TreeSpec,
+                      policy: Policy | None, seeds: range) -> EnginePlan:
     if implementation not in TREE_IMPLEMENTATIONS:
         describe(implementation)
         raise AuditError(f"{implementation!r} cannot be audited with --tree; tree implementations: {', '.join(TREE_IMPLEMENTATIONS)}")
@@ -160,9 +185,7 @@ def _tree_engine_audit(implementation: str, setup: EngineSetup, generations: int
             else f"planted:{implementation}")
     settings = dict(setup.description, implementation=implementation, tree=tree.text, tree_children=tree.children,
                     max_new_tokens=max_new_tokens, policy=policy.as_dict())
-    return audit_generator(generator, setup.target, setup.prompt_ids, range(first_seed, first_seed + generations),
-                           policy=policy, level=level, eos=setup.eos, implementation=name, settings=settings,
-                           progress=progress)
+    return EnginePlan(generator, policy, name, settings, seeds)
 
 
 def real_positions(setup: EngineSetup, count: int, max_new_tokens: int = 24, seed: int = 0) -> list:

@@ -15,56 +15,75 @@ rule is compared with its matched baseline run (and with lossless) unit by unit.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from diagnostics.evaluation.prompts import score
-from diagnostics.metrics import log_likelihood, modelled_speedup, modelled_tree_speedup, verified_acceptance
+from diagnostics.metrics import modelled_speedup, modelled_tree_speedup, verified_acceptance
 
 FIGURES = ("acceptance", "block efficiency", "modelled speed-up", "time s", "TV(P, p)", "TV(P, baseline)", "path KL",
            "log-likelihood", "accuracy", "first divergence")
 BOOTSTRAP = 2000
 
 
-def run_figures(run: Any, positions: pd.DataFrame, checker: dict | None, cost: float) -> dict[str, float]:
-    """One run's figures (see the module docstring); ``nan`` where a figure does not apply."""
-    kinds = positions["kind"].value_counts() if len(positions) else {}
-    alpha = verified_acceptance(int(kinds.get("accepted", 0)), int(kinds.get("rejected", 0)))
+def run_figures(run: Any, reduced: dict[str, Any], checker: dict | None, cost: float) -> dict[str, float]:
+    """One run's figures (see the module docstring) from its row and its positions reduced by
+    ``Store.sweep_position_figures``; ``nan`` where a figure does not apply."""
+    alpha = verified_acceptance(int(reduced["accepted"]), int(reduced["rejected"]))
     depth = int(run["gamma"] or 0)
-    efficiency = float(run["block_efficiency"]) if run["block_efficiency"] is not None and run["block_efficiency"] == run["block_efficiency"] else float("nan")
+    efficiency = _number(run["block_efficiency"])
     tree = run.get("tree")
     speedup = (modelled_tree_speedup(efficiency, depth, cost) if isinstance(tree, str) and tree
                else modelled_speedup(alpha, depth, cost))
-    divergence = run.get("divergence_position")
+    some = int(reduced["positions"]) > 0
     return {
         "acceptance": alpha,
         "block efficiency": efficiency,
         "modelled speed-up": speedup,
-        "time s": float(run["time_s"]) if run.get("time_s") is not None else float("nan"),
-        "TV(P, p)": float(positions["tv_target"].mean()) if len(positions) else float("nan"),
-        "TV(P, baseline)": float(positions["tv_baseline"].mean()) if len(positions) else float("nan"),
-        "path KL": float(positions["kl_target"].fillna(0.0).sum()) if len(positions) else float("nan"),
-        "log-likelihood": log_likelihood(positions["p_token"]) if len(positions) else float("nan"),
-        "accuracy": 100.0 * score(checker, run.get("output_text")) if checker else float("nan"),
-        "first divergence": float(divergence) if divergence is not None and divergence == divergence else float("nan"),
+        "time s": _number(run.get("time_s")),
+        "TV(P, p)": _number(reduced["tv_target"]) if some else float("nan"),
+        "TV(P, baseline)": _number(reduced["tv_baseline"]) if some else float("nan"),
+        "path KL": _number(reduced["path_kl"]) if some else float("nan"),
+        "log-likelihood": _number(reduced["log_likelihood"]) if some else float("nan"),
+        "accuracy": 100.0 * checked_score(checker, run.get("output_text")) if checker else float("nan"),
+        "first divergence": _number(run.get("divergence_position")),
     }
 
 
+def _number(value: Any) -> float:
+    return float("nan") if value is None or pd.isna(value) else float(value)
+
+
+@lru_cache(maxsize=65536)
+def _cached_score(checker_json: str, output: str | None) -> float:
+    return score(json.loads(checker_json), output)
+
+
+def checked_score(checker: dict, output: str | None) -> float:
+    """``prompts.score``, remembered per (checker, output): a HumanEval check runs a sandboxed
+    process, and a page recomputes its table on every click."""
+    return _cached_score(json.dumps(checker, sort_keys=True), output)
+
+
 def sweep_table(store: Any, sweep_id: str, cost: float) -> pd.DataFrame:
-    """One row per run of the sweep: unit, prompt, seed, role, label, the rule a baseline is for, and its figures."""
+    """One row per complete run of the sweep: unit, prompt, seed, role, label, the rule a baseline
+    is for, and its figures."""
     sweep = store.get_sweep(sweep_id)
     if sweep is None:
         raise ValueError(f"there is no sweep {sweep_id!r} in {store.path}")
     checkers = {item["id"]: item.get("checker") for item in sweep["settings"]["prompts"]}
+    reduced = {row["run_id"]: row for row in store.sweep_position_figures(sweep_id).to_dict("records")}
     rows = []
     for run in store.sweep_runs(sweep_id).to_dict("records"):
         if run["status"] != "complete":
             continue
-        figures = run_figures(run, store.positions(run["run_id"]), checkers.get(run["prompt_id"]), cost)
+        figures = run_figures(run, reduced[run["run_id"]], checkers.get(run["prompt_id"]), cost)
         rows.append({"unit": int(run["unit"]), "prompt_id": run["prompt_id"], "seed": int(run["seed"]), "role": run["role"],
                      "label": run["label"], "rule_for": run["rule_for"], "run_id": run["run_id"], **figures})
     return pd.DataFrame(rows)

@@ -9,20 +9,21 @@ whether it runs first or on resume.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from typing import Any
 
 from diagnostics.comparison import run_group
-from diagnostics.engine import EngineError
-from diagnostics.evaluation.plan import Unit, expand_rule, unit_members, units
+from diagnostics.engine import EngineError, PositionRecord
+from diagnostics.evaluation.plan import Member, Unit, expand_rule, unit_members, units
 from diagnostics.evaluation.prompts import PromptItem
 from diagnostics.policy import Policy
 from diagnostics.runner import RunRequest
 from diagnostics.store import Store
 
 # RunRequest fields a sweep shares across its runs (prompt, rule and seed vary by member and unit).
-SHARED_FIELDS = ("draft", "gamma", "max_new_tokens", "raw", "top_k_record", "tree", "tree_children", "tree_budget", "tree_depth")
+SHARED_FIELDS = ("draft", "gamma", "max_new_tokens", "raw", "top_k_record", "tree", "tree_children", "tree_budget", "tree_depth", "draft_stop")
 
 
 def settings_of(prompts: list[PromptItem], rules: list[str], seeds: int, base: RunRequest, prompt_file: str) -> dict[str, Any]:
@@ -68,6 +69,82 @@ def done_units(store: Store, sweep_id: str, members: int) -> set[int]:
     return {int(unit) for unit, ok in complete.items() if ok}
 
 
+def unit_group_id(sweep_id: str, unit: Unit) -> str:
+    """The coupled group of a unit's runs: fixed by the sweep and the unit, so that a resume can find
+    (and drop) runs an interruption left before they were linked."""
+    return f"{sweep_id}-u{unit.index}"
+
+
+@dataclass
+class SweepPlan:
+    """A sweep ready to run: its id, units, the members of a unit (for their roles and labels) and
+    the units already done (on resume)."""
+
+    sweep_id: str
+    units: list[Unit]
+    base: RunRequest
+    rules: list[str]
+    finished: set[int]
+
+    def members(self, unit: Unit) -> list[Member]:
+        return unit_members(replace(self.base, prompt=unit.prompt, seed=unit.seed), self.rules)
+
+    @property
+    def todo(self) -> list[Unit]:
+        return [unit for unit in self.units if unit.index not in self.finished]
+
+
+def open_sweep(store: Store, settings: dict[str, Any], sweep_id: str | None,
+               on_open: Callable[[SweepPlan], None] | None = None) -> SweepPlan:
+    """Check every member's settings (before any model work or row), start the sweep (or take up
+    ``sweep_id``), and drop the runs of units that are not done: they run again from the start."""
+    planned = plan_units(settings)
+    base = base_request(settings)
+    for member in unit_members(replace(base, prompt=planned[0].prompt), settings["rules"]):
+        member.request.validate()
+    if sweep_id is None:
+        sweep_id = store.start_sweep(settings, len(planned))
+    plan = SweepPlan(sweep_id, planned, base, list(settings["rules"]), set())
+    plan.finished = done_units(store, sweep_id, len(plan.members(planned[0])))
+    for unit in plan.todo:
+        store.drop_sweep_unit(sweep_id, unit.index, unit_group_id(sweep_id, unit))
+    store.set_sweep_status(sweep_id, "running", units_done=len(plan.finished))
+    if on_open is not None:
+        on_open(plan)
+    return plan
+
+
+def link_unit(store: Store, plan: SweepPlan, unit: Unit, members: list[Member], run_ids: list[str]) -> None:
+    """Link a unit's stored runs to the sweep."""
+    store.add_sweep_runs([
+        {"sweep_id": plan.sweep_id, "unit": unit.index, "prompt_id": unit.prompt_id, "seed": unit.seed, "role": member.role,
+         "label": member.label, "rule_for": member.rule_for, "run_id": run_id}
+        for member, run_id in zip(members, run_ids)])
+
+
+def unit_finished(store: Store, plan: SweepPlan, unit: Unit, on_unit: Callable[[int, int, Unit], None] | None) -> None:
+    plan.finished.add(unit.index)
+    store.set_sweep_status(plan.sweep_id, "running", units_done=len(plan.finished))
+    if on_unit is not None:
+        on_unit(len(plan.finished), len(plan.units), unit)
+
+
+@contextmanager
+def sweep_status(store: Store, plan: SweepPlan) -> Iterator[None]:
+    """Mark the sweep ``failed`` (an error) or ``interrupted`` (Ctrl-C, a kill the driver sees) with
+    the units done so far, and raise again; ``complete`` when every unit is done."""
+    try:
+        yield
+    except BaseException as error:
+        status = "failed" if isinstance(error, Exception) else "interrupted"
+        store.set_sweep_status(plan.sweep_id, status, units_done=len(plan.finished), error=f"{error.__class__.__name__}: {error}"[:500])
+        raise
+    if len(plan.finished) == len(plan.units):
+        store.set_sweep_status(plan.sweep_id, "complete", units_done=len(plan.finished))
+    else:
+        store.set_sweep_status(plan.sweep_id, "interrupted", units_done=len(plan.finished), error="stopped by the user")
+
+
 def run_sweep(
     store: Store,
     target: Any,
@@ -77,44 +154,30 @@ def run_sweep(
     sweep_id: str | None = None,
     should_stop: Callable[[], bool] | None = None,
     on_unit: Callable[[int, int, Unit], None] | None = None,
+    on_open: Callable[[SweepPlan], None] | None = None,
+    on_record_for: Callable[[Unit, Member], Callable[[PositionRecord], None] | None] | None = None,
 ) -> str:
-    """Run every unit not yet done (all of them for a new sweep) and return the sweep id. A stop or
-    an interruption leaves the sweep ``interrupted`` with the units done so far; ``--resume`` goes on."""
-    planned = plan_units(settings)
-    base = base_request(settings)
-    members_per_unit = unit_members(replace(base, prompt=planned[0].prompt), settings["rules"])
-    for member in members_per_unit:
-        member.request.validate()  # every member checked before any model work or row
-    if sweep_id is None:
-        sweep_id = store.start_sweep(settings, len(planned))
-    finished = done_units(store, sweep_id, len(members_per_unit))
-    for unit in planned:
-        if unit.index not in finished:
-            store.drop_sweep_unit(sweep_id, unit.index)
-    store.set_sweep_status(sweep_id, "running", units_done=len(finished))
-    try:
-        for unit in planned:
-            if unit.index in finished:
-                continue
-            members = unit_members(replace(base, prompt=unit.prompt, seed=unit.seed), settings["rules"])
-            _, results, _ = run_group(store, target, draft, [member.request for member in members], should_stop=should_stop)
-            store.add_sweep_runs([
-                {"sweep_id": sweep_id, "unit": unit.index, "prompt_id": unit.prompt_id, "seed": unit.seed, "role": member.role,
-                 "label": member.label, "rule_for": member.rule_for, "run_id": run_id}
-                for member, (run_id, _run) in zip(members, results)])
+    """Run every unit not yet done (all of them for a new sweep) in this process and return the
+    sweep id. A stop or an interruption leaves the sweep ``interrupted`` with the units done so far;
+    ``--resume`` goes on. ``on_open(plan)`` is told the sweep's id before the first unit runs;
+    ``on_record_for(unit, member)`` may return a callback for each record of that member's run."""
+    plan = open_sweep(store, settings, sweep_id, on_open)
+    with sweep_status(store, plan):
+        for unit in plan.todo:
+            members = plan.members(unit)
+
+            def member_callback(index: int, _request: RunRequest, unit: Unit = unit, members: list[Member] = members):
+                return on_record_for(unit, members[index]) if on_record_for is not None else None
+
+            _, results, _ = run_group(store, target, draft, [member.request for member in members],
+                                      group_id=unit_group_id(plan.sweep_id, unit), should_stop=should_stop,
+                                      on_record_for=member_callback)
+            link_unit(store, plan, unit, members, [run_id for run_id, _run in results])
             if len(results) < len(members) or any(run.status != "complete" for _, run in results):
-                store.set_sweep_status(sweep_id, "interrupted", units_done=len(finished), error="stopped by the user")
-                return sweep_id
-            finished.add(unit.index)
-            store.set_sweep_status(sweep_id, "running", units_done=len(finished))
-            if on_unit is not None:
-                on_unit(len(finished), len(planned), unit)
-    except BaseException as error:
-        status = "failed" if isinstance(error, Exception) else "interrupted"
-        store.set_sweep_status(sweep_id, status, units_done=len(finished), error=f"{error.__class__.__name__}: {error}"[:500])
-        raise
-    store.set_sweep_status(sweep_id, "complete", units_done=len(finished))
-    return sweep_id
+                break  # stopped: this unit stays undone (dropped and re-run on resume)
+            unit_finished(store, plan, unit, on_unit)
+    return plan.sweep_id
 
 
-__all__ = ["SHARED_FIELDS", "base_request", "done_units", "expand_rules", "plan_units", "run_sweep", "settings_of"]
+__all__ = ["SHARED_FIELDS", "SweepPlan", "base_request", "done_units", "expand_rules", "link_unit", "open_sweep", "plan_units",
+           "run_sweep", "settings_of", "sweep_status", "unit_finished", "unit_group_id"]

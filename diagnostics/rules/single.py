@@ -23,6 +23,7 @@ from typing import ClassVar
 import torch
 
 from diagnostics.metrics import entropy
+from diagnostics.policy import medusa_gate
 from diagnostics.rng import sample_inverse_cdf
 
 
@@ -335,9 +336,7 @@ class Medusa(_Truncation):
         Not forced to contain the argmax: for a near-uniform ``p`` the threshold can exceed
         ``max p``, every draft is rejected and the fallback ``δ_argmax`` is emitted.
         """
-        h_prime = -(p_target * torch.log(p_target + 1e-5)).sum(-1, keepdim=True)
-        threshold = torch.clamp(self.delta * torch.exp(-h_prime), max=self.eps)
-        return p_target > threshold
+        return medusa_gate(p_target, self.eps, self.delta)
 
     def fallback(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
         """``f = δ_argmax p``."""

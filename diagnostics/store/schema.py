@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from diagnostics.engine import PositionRecord
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # Read-only opens accept files this old: newer schemas only added tables (read as empty) and
 # trailing columns (read as NULL).
 OLDEST_READABLE = 1
@@ -62,10 +62,13 @@ RUN_COLUMNS: dict[str, str] = {
     "writer": "VARCHAR",
     "tree": "VARCHAR",  # schema 3: the tree shape ("3,2,1", "budget 16, depth 5"); NULL for a chain
     "tree_children": "VARCHAR",  # schema 3: top, sample or sample-distinct
+    "draft_stop": "DOUBLE",  # schema 5: adaptive drafting, stop a block after a draft x with q(x) < this; NULL: off
 }
 # Columns schema 3 appended; files of schema 1 and 2 lack them.
 RUN_COLUMNS_ADDED_IN_3 = ("tree", "tree_children")
 POSITION_COLUMNS_ADDED_IN_3 = ("tree_node",)
+# The column schema 5 appended; files of schema 1 to 4 lack it.
+RUN_COLUMNS_ADDED_IN_5 = ("draft_stop",)
 
 POSITION_COLUMNS: dict[str, str] = {
     "run_id": "VARCHAR",
@@ -206,15 +209,17 @@ MIGRATIONS: dict[int, list[str]] = {
         *(f"ALTER TABLE positions ADD COLUMN {name} {POSITION_COLUMNS[name]}" for name in POSITION_COLUMNS_ADDED_IN_3),
         CREATE["tree_rounds"], CREATE["tree_nodes"]],
     3: [CREATE["sweeps"], CREATE["sweep_runs"]],
+    4: [f"ALTER TABLE runs ADD COLUMN {name} {RUN_COLUMNS[name]}" for name in RUN_COLUMNS_ADDED_IN_5],
 }
 
 
 def tables_of(version: int) -> dict[str, dict[str, str]]:
     """The tables (and their columns) a file of schema ``version`` has."""
+    later = RUN_COLUMNS_ADDED_IN_5 if version < 5 else ()
     if version >= 3:
-        runs, positions = RUN_COLUMNS, POSITION_COLUMNS
+        runs, positions = {name: sql for name, sql in RUN_COLUMNS.items() if name not in later}, POSITION_COLUMNS
     else:
-        runs = {name: sql for name, sql in RUN_COLUMNS.items() if name not in RUN_COLUMNS_ADDED_IN_3}
+        runs = {name: sql for name, sql in RUN_COLUMNS.items() if name not in RUN_COLUMNS_ADDED_IN_3 + later}
         positions = {name: sql for name, sql in POSITION_COLUMNS.items() if name not in POSITION_COLUMNS_ADDED_IN_3}
     tables = {"meta": META_COLUMNS, "runs": runs, "positions": positions}
     if version >= 2:

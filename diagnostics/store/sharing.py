@@ -22,6 +22,7 @@ from diagnostics.store.schema import (
     POSITION_COLUMNS_ADDED_IN_3,
     RUN_COLUMNS,
     RUN_COLUMNS_ADDED_IN_3,
+    RUN_COLUMNS_ADDED_IN_5,
     sql_type,
 )
 
@@ -121,7 +122,7 @@ def export_runs(store: Store, run_ids: list[str], path: str | Path, fmt: str = "
     return path
 
 
-_OPTIONAL = (*POSITION_COLUMNS_ADDED_IN_3, *(f"run.{name}" for name in RUN_COLUMNS_ADDED_IN_3))
+_OPTIONAL = (*POSITION_COLUMNS_ADDED_IN_3, *(f"run.{name}" for name in RUN_COLUMNS_ADDED_IN_3 + RUN_COLUMNS_ADDED_IN_5))
 
 
 def _select(columns: list[str], present: set[str], prefix: str = "") -> str:

@@ -61,11 +61,15 @@ class SweepTables:
             con.executemany(f"INSERT INTO sweep_runs ({', '.join(SWEEP_RUN_COLUMNS)}) VALUES ({', '.join('?' for _ in SWEEP_RUN_COLUMNS)})",
                             [[row.get(name) for name in SWEEP_RUN_COLUMNS] for row in rows])
 
-    def drop_sweep_unit(self, sweep_id: str, unit: int) -> list[str]:
-        """Unlink and delete the runs of one unfinished unit (before it is run again on resume)."""
+    def drop_sweep_unit(self, sweep_id: str, unit: int, group_id: str | None = None) -> list[str]:
+        """Unlink and delete the runs of one unfinished unit (before it is run again on resume): those
+        linked to it, and those of its coupled group (``group_id``) that an interruption left unlinked."""
         with self.connect() as con:
             run_ids = [row[0] for row in con.execute("SELECT run_id FROM sweep_runs WHERE sweep_id = ? AND unit = ?",
                                                       [sweep_id, unit]).fetchall()]
+            if group_id is not None:
+                run_ids += [row[0] for row in con.execute("SELECT run_id FROM runs WHERE group_id = ?", [group_id]).fetchall()
+                            if row[0] not in run_ids]
             con.execute("DELETE FROM sweep_runs WHERE sweep_id = ? AND unit = ?", [sweep_id, unit])
         self.delete_runs(run_ids)
         return run_ids
@@ -97,4 +101,21 @@ class SweepTables:
                 "SELECT s.*, r.status, r.n_tokens, r.tokens, r.output_text, r.block_efficiency, r.gamma, r.tree, r.time_s, "
                 "r.mean_tv_target, r.mean_tv_baseline, r.divergence_position, r.rule, r.target_passes "
                 "FROM sweep_runs s JOIN runs r USING (run_id) WHERE s.sweep_id = ? ORDER BY s.unit, r.created",
+                [sweep_id]).df()
+
+    def sweep_position_figures(self, sweep_id: str) -> pd.DataFrame:
+        """Per linked run, its positions reduced in one query: ``positions``, ``accepted``,
+        ``rejected``, ``tv_target`` and ``tv_baseline`` (means), ``path_kl`` (``Σ kl_target``, a
+        missing value as 0) and ``log_likelihood`` (``Σ ln p_token``, ``p = 0`` as ``1e-300``, as
+        ``metrics.log_likelihood``)."""
+        with self.connect() as con:
+            if not self._has_sweeps(con):
+                return pd.DataFrame(columns=["run_id", "positions", "accepted", "rejected", "tv_target", "tv_baseline",
+                                             "path_kl", "log_likelihood"])
+            return con.execute(
+                "SELECT s.run_id, count(p.position) AS positions, "
+                "count(*) FILTER (WHERE p.kind = 'accepted') AS accepted, count(*) FILTER (WHERE p.kind = 'rejected') AS rejected, "
+                "avg(p.tv_target) AS tv_target, avg(p.tv_baseline) AS tv_baseline, sum(coalesce(p.kl_target, 0)) AS path_kl, "
+                "sum(ln(greatest(p.p_token, 1e-300))) AS log_likelihood "
+                "FROM sweep_runs s LEFT JOIN positions p ON p.run_id = s.run_id WHERE s.sweep_id = ? GROUP BY s.run_id",
                 [sweep_id]).df()

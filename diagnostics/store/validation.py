@@ -172,5 +172,15 @@ def _tree_problem(con: duckdb.DuckDBPyConnection) -> str | None:
 
 def content_problem(con: duckdb.DuckDBPyConnection, has_audits: bool) -> str | None:
     """The first value a page or report could not show, as a phrase, or ``None``."""
-    return (_first(con, _RUN_CHECKS) or _run_values_problem(con) or _first(con, _POSITION_CHECKS)
+    return (_first(con, _RUN_CHECKS) or _run_values_problem(con) or _draft_stop_problem(con) or _first(con, _POSITION_CHECKS)
             or _tree_problem(con) or (_audits_problem(con) if has_audits else None))
+
+
+def _draft_stop_problem(con: duckdb.DuckDBPyConnection) -> str | None:
+    """Adaptive drafting thresholds are probabilities in (0, 1] (only in files of schema 5)."""
+    present = con.execute("SELECT count(*) FROM information_schema.columns WHERE table_name = 'runs' "
+                          "AND column_name = 'draft_stop'").fetchone()[0]
+    if not present:
+        return None
+    return _first(con, [("run {0} has a draft stop outside (0, 1]",
+                         "SELECT run_id FROM runs WHERE draft_stop IS NOT NULL AND NOT (draft_stop > 0 AND draft_stop <= 1) LIMIT 1")])
