@@ -28,7 +28,7 @@ from diagnostics.drafters import Drafter, ModelDrafter, NgramDrafter, TargetScor
 from diagnostics.metrics import entropy, kl_divergence, overshoot_mass, severe_overshoot_mass, total_variation
 from diagnostics.models import LoadedModel, check_vocabularies, early_exit_model, load_model, parse_draft, wrap_model
 from diagnostics.policy import Policy, probabilities
-from diagnostics.rng import sample_inverse_cdf, uniform_scalar
+from diagnostics.rng import sample_token, uniform_scalar
 from diagnostics.rules import Rule, get_rule
 from diagnostics.tree_draft import TreeSpec, parse_tree
 from diagnostics.tree_walk import all_node_steps
@@ -323,7 +323,7 @@ def generate(
         count = min(gamma, budget) if drafter is not None else 0
 
         def draw(q_draft: torch.Tensor, index: int, _position: int = position) -> int:
-            return int(sample_inverse_cdf(q_draft, torch.tensor(uniform_scalar(seed, _position + index, "draft"))))
+            return sample_token(q_draft, uniform_scalar(seed, _position + index, "draft"))
 
         drafts, q_laws = drafter.propose(committed, count, draw, vocab, eos) if count else ([], None)
         logits = fit_vocabulary(scorer.score(committed, drafts), vocab)
@@ -397,7 +397,7 @@ def _verify_block(
         else:
             u_fallback = uniform_scalar(seed, position + index, "fallback")
             fallback = fallback_of(rule, p_laws, q_laws, index)
-            emitted.append(int(sample_inverse_cdf(fallback, torch.tensor(u_fallback))))
+            emitted.append(sample_token(fallback, u_fallback))
             kinds.append("rejected")
             coins.append((u_accept, u_fallback))
         if emitted[-1] in eos:
@@ -406,7 +406,7 @@ def _verify_block(
             break
     if not finished and kinds.count("accepted") == count and count < budget:
         u_fallback = uniform_scalar(seed, position + count, "fallback")
-        emitted.append(int(sample_inverse_cdf(rule.bonus(p_laws[count]), torch.tensor(u_fallback))))
+        emitted.append(sample_token(rule.bonus(p_laws[count]), u_fallback))
         kinds.append("bonus")
         coins.append((None, u_fallback))
         finished = emitted[-1] in eos

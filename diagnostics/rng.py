@@ -111,6 +111,29 @@ def uniform_scalar(seed: int, position: int, slot: str | int, sibling: int = 0) 
     return (state >> 11) * (1.0 / 9007199254740992.0)
 
 
+def sample_token(probs: torch.Tensor, u: float) -> int:
+    """One token of a law ``probs[V]`` by inverse CDF: ``v`` with ``F(v-1) <= u·F(V-1) < F(v)``.
+
+    Bit for bit ``int(sample_inverse_cdf(probs, torch.tensor(u)))`` (the same float64 cumulative
+    sum, product and search), in fewer tensor operations: a run draws one token per position
+    and this is on its hot path.
+    """
+    if probs.dim() != 1:
+        raise ValueError("sample_token draws from one law [V]; use sample_inverse_cdf for rows")
+    cdf = probs.to(torch.float64).cumsum(-1)
+    total = float(cdf[-1])
+    # min >= 0 with a finite total is "every entry finite and non-negative" (nan fails the min).
+    if not (float(probs.min()) >= 0.0 and total < math.inf):
+        raise ValueError("sample_inverse_cdf needs finite, non-negative probabilities")
+    if not total > 0:
+        raise ValueError("sample_inverse_cdf needs a positive total mass in every row")
+    token = int(torch.searchsorted(cdf, float(u) * total, right=True))
+    vocab = probs.shape[-1]
+    if token >= vocab:  # u·total rounded onto the total: the last token with positive mass
+        token = vocab - 1 - int((probs > 0).flip(-1).to(torch.int64).argmax(-1))
+    return token
+
+
 def sample_inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Token ``v`` with ``F(v-1) <= u * F(V-1) < F(v)`` where ``F`` is the cumulative sum of ``probs``.
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from diagnostics.policy import Policy, probabilities
-from diagnostics.rng import sample_inverse_cdf
+from diagnostics.rng import sample_inverse_cdf, sample_token
 from diagnostics.tree_attention import TokenTree, keep_rows, tree_inputs
 
 CHILDREN_MODES = ("top", "sample", "sample-distinct")
@@ -223,7 +223,7 @@ def _children(q_draft: torch.Tensor, k: int, mode: str, depth: int, first_index:
         if not (law > 0).any():
             break
         u = uniform(depth, first_index + j)
-        token = int(sample_inverse_cdf(law, torch.tensor(u, dtype=torch.float64)))
+        token = sample_token(law, u)
         chosen.append((token, u))
         law = law.clone()
         law[token] = 0.0

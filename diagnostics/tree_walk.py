@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from diagnostics.rng import sample_inverse_cdf, uniform_scalar
+from diagnostics.rng import sample_token, uniform_scalar
 from diagnostics.rules import Rule
 from diagnostics.tree_draft import DraftTree
 
@@ -206,7 +206,7 @@ def walk(rule: Rule, draft: DraftTree, p_laws: torch.Tensor, steps: dict[int, No
             if len(result.decisions) < budget:
                 u_fallback = uniform_scalar(seed, here, "fallback")
                 bonus = rule.bonus(p_laws[node + 1])
-                token = int(sample_inverse_cdf(bonus, torch.tensor(u_fallback)))
+                token = sample_token(bonus, u_fallback)
                 result.decisions.append(Decision(node, "bonus", token, None, None, None, u_fallback, bonus))
                 result.finished = token in eos
             return result
@@ -220,7 +220,7 @@ def walk(rule: Rule, draft: DraftTree, p_laws: torch.Tensor, steps: dict[int, No
                 break
         if kept is None:
             u_fallback = uniform_scalar(seed, here, "fallback")
-            token = int(sample_inverse_cdf(at.rest, torch.tensor(u_fallback)))
+            token = sample_token(at.rest, u_fallback)
             first = at.children[0]
             result.decisions.append(Decision(node, "rejected", token, first, at.accept[0], result.tried[first][0], u_fallback, at.law))
             result.finished = token in eos

@@ -8,7 +8,7 @@ import torch
 from scipy import stats
 
 from diagnostics.gof import chi_square_gof, gof_tokens
-from diagnostics.rng import SLOTS, sample_inverse_cdf, uniforms
+from diagnostics.rng import SLOTS, sample_inverse_cdf, sample_token, uniforms
 
 N = 200_000
 LEVEL = 1e-4
@@ -82,6 +82,26 @@ def test_inverse_cdf_order_and_edges() -> None:
     # Unnormalised float32 input with a total that rounds: never past the last positive token.
     odd = torch.tensor([0.3, 0.3, 0.3, 0.0], dtype=torch.float32)
     assert sample_inverse_cdf(odd, torch.tensor([1 - 2**-53])).item() == 2
+
+
+def test_sample_token_is_the_inverse_cdf_bit_for_bit() -> None:
+    """The engine's one-token path must pick exactly the token of the batched inverse CDF."""
+    generator = torch.Generator().manual_seed(3)
+    laws = [torch.tensor([0.0, 0.25, 0.0, 0.75, 0.0], dtype=torch.float64),
+            torch.tensor([0.3, 0.3, 0.3, 0.0], dtype=torch.float32)]
+    for vocab in (2, 7, 1000, 49152):
+        law = torch.rand(vocab, generator=generator, dtype=torch.float64) ** 8
+        law[torch.rand(vocab, generator=generator) < 0.3] = 0.0
+        law[vocab // 2] += 1e-3
+        laws += [law, (law / law.sum()).to(torch.float32)]
+    edges = [0.0, 1e-300, 0.25, 0.2499999, 0.5, 1 - 2**-53, 1 - 2**-40]
+    for law in laws:
+        for u in edges + torch.rand(200, generator=generator, dtype=torch.float64).tolist():
+            assert sample_token(law, u) == int(sample_inverse_cdf(law, torch.tensor(u))), (law.shape, u)
+    for bad in (torch.tensor([0.5, -0.1, 0.6]), torch.tensor([0.5, float("nan")]), torch.tensor([1.0, float("inf")]),
+                torch.zeros(3)):
+        with pytest.raises(ValueError):
+            sample_token(bad, 0.5)
 
 
 def test_independence_check_catches_a_weak_stream() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 from transformers import LlamaConfig
 
@@ -47,8 +49,6 @@ class TinyCausalLM(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor, past_key_values=None, use_cache: bool = True, logits_to_keep: int = 0,
                 attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None, **_: object):
-        from types import SimpleNamespace
-
         start = past_key_values.get_seq_length() if past_key_values is not None else 0
         length = input_ids.shape[1]
         positions = self.positions[position_ids[0]] if position_ids is not None else self.positions[start : start + length]
@@ -58,14 +58,14 @@ class TinyCausalLM(torch.nn.Module):
         if past_key_values is not None:
             keys, values = past_key_values.update(keys, values, 0)
         scores = (query @ keys.transpose(-1, -2)) * self.scale
-        total = keys.shape[-2]
-        causal = torch.arange(total)[None, :] > (torch.arange(length)[:, None] + total - length)
         if attention_mask is not None and attention_mask.dim() == 4:
             scores = scores + attention_mask.to(scores.dtype)  # additive: 0 visible, most negative hidden
-        else:
+        elif length > 1:  # one query (the last position) sees every key: nothing to mask
+            total = keys.shape[-2]
+            causal = torch.arange(total)[None, :] > (torch.arange(length)[:, None] + total - length)
             scores = scores.masked_fill(causal, -torch.inf)
         attended = torch.softmax(scores, dim=-1) @ values
-        logits = self.head(torch.tanh(hidden + attended[:, 0]))
+        logits = torch.nn.functional.linear(torch.tanh(hidden + attended[:, 0]), self.head.weight)
         if logits_to_keep:
             logits = logits[:, -logits_to_keep:]
         return SimpleNamespace(logits=logits)
