@@ -28,11 +28,13 @@ def _new_cache(model) -> object:
     """
     from transformers import DynamicCache
 
-    layout = getattr(model, "_diagnostics_cache_layout", None)
-    if layout is None:
+    # Kept with the config it was read from: an early-exit shell is a shallow copy of its target
+    # (so it inherits the attribute) with a config of its own, which must not reuse the target's.
+    config, layout = getattr(model, "_diagnostics_cache_layout", (None, 0))
+    if config is not model.config:
         layout = _cache_layout(model.config)
         try:
-            model._diagnostics_cache_layout = layout
+            model._diagnostics_cache_layout = (model.config, layout)
         except AttributeError:  # a frozen or slotted object: read the layout every time
             pass
     if not layout:  # a layout other than one full-attention layer per layer: the library builds it

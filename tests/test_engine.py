@@ -208,3 +208,18 @@ def test_tiny_lm_cache_path_matches_cache_free_forward() -> None:
     second = cached.forward([4, 0], keep=2)
     whole = loaded.model(input_ids=torch.tensor([[1, 2, 3, 4, 0]]), use_cache=False).logits[0]
     assert torch.allclose(torch.cat([first, second]), whole, atol=1e-5)
+
+
+def test_caches_are_laid_out_as_transformers_lays_them_out() -> None:
+    """Each cache has the layers ``DynamicCache(config=…)`` would give, also for an early-exit shell
+    copied from a target whose layout was already read (the shell has fewer layers)."""
+    from transformers import DynamicCache
+
+    from diagnostics.drafters import _new_cache
+
+    target = tiny_llama(seed=0, layers=3)
+    _new_cache(target.model)  # the target's layout is read (and kept) before the shell is copied
+    for model in (early_exit_model(target, 1).model, target.model):
+        built, expected = _new_cache(model), DynamicCache(config=model.config)
+        assert [type(layer) for layer in built.layers] == [type(layer) for layer in expected.layers]
+        assert len(built.layers) == model.config.num_hidden_layers
