@@ -54,8 +54,13 @@ def streamlit_server(env: dict[str, str] | None = None) -> Iterator[str]:
         "--server.headless", "true", "--server.port", str(port), "--server.address", "127.0.0.1",
         "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
     ]
+    # The server's output goes to a file, never to an unread pipe: once a pipe's 64 KiB buffer
+    # fills, the server blocks on its next log line and every page stops answering.
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    log_path = ARTIFACTS / f"streamlit-{port}.log"
+    log = log_path.open("wb")
     process = subprocess.Popen(
-        command, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        command, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -68,7 +73,7 @@ def streamlit_server(env: dict[str, str] | None = None) -> Iterator[str]:
             except OSError:
                 pass
             if process.poll() is not None or time.monotonic() > deadline:
-                output = process.stdout.read().decode(errors="replace") if process.stdout else ""
+                output = log_path.read_bytes().decode(errors="replace")
                 raise RuntimeError(f"streamlit did not start: {output[-2000:]}")
             time.sleep(0.3)
         yield url
@@ -78,6 +83,8 @@ def streamlit_server(env: dict[str, str] | None = None) -> Iterator[str]:
             process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             process.kill()
+            process.wait()
+        log.close()
 
 
 @contextmanager
@@ -99,3 +106,15 @@ def shot(page, name: str, pause_ms: int = 800, full_page: bool = False) -> None:
     if pause_ms:
         page.wait_for_timeout(pause_ms)
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=full_page)
+
+
+def settled(page, timeout_ms: int = 60_000) -> None:
+    """Wait until the app's script run is over: no running indicator and no stale element left
+    from the previous run. A click during a rerun can land on a copy that is being replaced and be
+    lost (seen under load in CI)."""
+    deadline = time.monotonic() + timeout_ms / 1000
+    busy = page.locator('[data-testid="stStatusWidget"], [data-stale="true"]')
+    while busy.count():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the page did not settle in {timeout_ms / 1000:.0f} s")
+        page.wait_for_timeout(100)

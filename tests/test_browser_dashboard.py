@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import random
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from browser_support import ARTIFACTS, chromium, chromium_path, shot, streamlit_server
+from browser_support import ARTIFACTS, chromium, chromium_path, settled, shot, streamlit_server
 from tiny_models import save_tiny_model
 
 from diagnostics.engine import PositionRecord
@@ -226,12 +227,17 @@ def test_audit_page_runs_an_engine_audit_and_shows_stored_evidence(setup, browse
     assert page.evaluate("window.__pwned") is None
     page.get_by_text("New audit").click()
     page.get_by_text("Engine level").first.click()
-    page.get_by_role("button", name="Run the engine-level audit").click()
+    button = page.get_by_role("button", name="Run the engine-level audit")
+    button.wait_for(timeout=30_000)
+    settled(page)
+    button.click()
+    verdict = page.get_by_text(re.compile(r"(PASS|FAIL) · engine · ours")).first
     try:
-        page.get_by_text("PASS · engine · ours").first.wait_for(timeout=120_000)
+        verdict.wait_for(timeout=120_000)
     except Exception:
         _shot(page, "audit_failed")
-        raise
+        raise AssertionError("no engine-audit verdict in 120 s; the page says: " + page.locator("body").inner_text()[-1500:]) from None
+    assert "PASS · engine · ours" in verdict.inner_text(), verdict.inner_text()
     page.locator(".js-plotly-plot").first.wait_for(timeout=30_000)
     assert page.evaluate("window.__pwned") is None
     _shot(page, "audit")
