@@ -20,10 +20,16 @@ layer, two norms, attention, four projections, the MLP, its three projections an
 and the dispatch around them, which on a 2-core CPU is a tenth of a decoding step of the
 embedded model (9.4% more tokens/s measured). A layer with hooks on it is
 called as a module, so that whoever hooked it sees it run.
+
+A one-token projection (decoding, drafting) runs as ``SplitLinear``: two half-row products in one
+``bmm``, which torch spreads over its threads where a single-row ``F.linear`` uses one core. It
+is checked bitwise against ``F.linear`` once per weight on the machine at hand and used only where
+equal; on 2 cores it decodes the embedded model 1.5× faster with the same records.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -49,6 +55,61 @@ def supports_direct_forward(loaded: LoadedModel) -> bool:
     windowed = getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True)
     capped = getattr(config, "final_logit_softcapping", None) is not None
     return not windowed and not capped
+
+
+# One token's projection ``x Wᵀ`` as two half-row products in one ``bmm``. On CPU, torch runs a
+# single-row ``F.linear`` on one thread, whatever ``torch.get_num_threads()`` says (a 49,152 × 576
+# head: 8.6 ms with 1 thread or 2), so decoding one token leaves a core idle. ``bmm`` over the two
+# halves runs them on torch's own thread pool: 1.7× faster on the head and 1.4× on the embedded
+# model's 210 layer matrices (2 cores). Each output element is the same dot product by the same
+# kernel, so the result is *bitwise* ``F.linear``'s; that is checked once per weight on this
+# machine (``_split_ok``), and a weight that differs keeps ``F.linear``.
+SPLIT_MIN_ELEMENTS = 65_536  # smaller matrices: the second thread's start costs more than it saves
+_split_checked: dict[int, tuple[Any, tuple, bool]] = {}  # id(weight) → (weak reference, check key, verdict)
+
+
+def _split_ok(weight: torch.Tensor, halves: torch.Tensor, threads: int) -> bool:
+    """Whether the two-half product of one random row equals ``F.linear``'s bit for bit (memoised per weight)."""
+    key = (weight.data_ptr(), weight._version, threads, weight.dtype)
+    known = _split_checked.get(id(weight))
+    if known is not None and known[0]() is weight and known[1] == key:
+        return known[2]
+    generator = torch.Generator().manual_seed(0)
+    row = torch.randn(1, 1, weight.shape[1], generator=generator).to(device=weight.device, dtype=weight.dtype)
+    with torch.inference_mode():
+        same = torch.equal(_two_halves(row, halves), F.linear(row, weight))
+    if id(weight) not in _split_checked:  # forget the verdict with the weight (a tensor cannot be a dict key)
+        weakref.finalize(weight, _split_checked.pop, id(weight), None)
+    _split_checked[id(weight)] = (weakref.ref(weight), key, same)
+    return same
+
+
+def _two_halves(row: torch.Tensor, halves: torch.Tensor) -> torch.Tensor:
+    """``row`` ``[…, 1, K]`` times the two ``[K, N/2]`` halves: ``[…, 1, N]`` (first half, then second)."""
+    width = row.shape[-1]
+    return torch.bmm(row.reshape(1, 1, width).expand(2, 1, width), halves).reshape(*row.shape[:-1], -1)
+
+
+class SplitLinear:
+    """``F.linear(x, W, b)``, bitwise, with one-token inputs split over two threads where that is
+    faster (CPU, at least 2 threads, no bias, an even number of rows, a large matrix)."""
+
+    def __init__(self, linear: Any) -> None:
+        self.weight, self.bias = linear.weight, linear.bias
+        self.threads = torch.get_num_threads()
+        self.halves = None
+        weight = self.weight
+        rows = weight.shape[0] if weight.dim() == 2 else 1
+        if (self.bias is None and weight.dim() == 2 and weight.device.type == "cpu" and self.threads >= 2
+                and rows % 2 == 0 and weight.numel() >= SPLIT_MIN_ELEMENTS):
+            halves = weight.detach().view(2, rows // 2, weight.shape[1]).transpose(1, 2)
+            if _split_ok(weight, halves, self.threads):
+                self.halves = halves
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.halves is not None and x.numel() == x.shape[-1] and torch.get_num_threads() == self.threads:
+            return _two_halves(x, self.halves)
+        return F.linear(x, self.weight, self.bias)
 
 
 def _rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -79,8 +140,9 @@ class LeanLayer:
         self.head_dim = attention.head_dim
         self.groups = attention.num_key_value_groups
         self.scaling = attention.scaling
-        self.q, self.k, self.v, self.o = attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj
-        self.gate, self.up, self.down = mlp.gate_proj, mlp.up_proj, mlp.down_proj
+        self.q, self.k, self.v, self.o = (SplitLinear(module) for module in
+                                          (attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj))
+        self.gate, self.up, self.down = (SplitLinear(module) for module in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
         self.norm_in, self.norm_post = layer.input_layernorm, layer.post_attention_layernorm
 
     @staticmethod
@@ -104,9 +166,9 @@ class LeanLayer:
         """``cos``, ``sin``: the rotary tables ``[batch, 1, count, head_dim]`` (one head axis, shared by every layer)."""
         batch, count = hidden.shape[:2]
         normed = _rms_norm(hidden, self.norm_in.weight, self.norm_in.variance_epsilon)
-        query = F.linear(normed, self.q.weight, self.q.bias).view(batch, count, -1, self.head_dim).transpose(1, 2)
-        key = F.linear(normed, self.k.weight, self.k.bias).view(batch, count, -1, self.head_dim).transpose(1, 2)
-        value = F.linear(normed, self.v.weight, self.v.bias).view(batch, count, -1, self.head_dim).transpose(1, 2)
+        query = self.q(normed).view(batch, count, -1, self.head_dim).transpose(1, 2)
+        key = self.k(normed).view(batch, count, -1, self.head_dim).transpose(1, 2)
+        value = self.v(normed).view(batch, count, -1, self.head_dim).transpose(1, 2)
         key, value = cache.update(_rotate(key, cos, sin), value, self.index)
         query = _rotate(query, cos, sin)
         extra: dict[str, Any] = {}
@@ -118,10 +180,10 @@ class LeanLayer:
         attended = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=0.0, scale=self.scaling,
                                                   is_causal=False, **extra)
         attended = attended.transpose(1, 2).reshape(batch, count, -1).contiguous()
-        hidden = hidden + F.linear(attended, self.o.weight, self.o.bias)
+        hidden = hidden + self.o(attended)
         normed = _rms_norm(hidden, self.norm_post.weight, self.norm_post.variance_epsilon)
-        gated = F.silu(F.linear(normed, self.gate.weight, self.gate.bias)) * F.linear(normed, self.up.weight, self.up.bias)
-        return hidden + F.linear(gated, self.down.weight, self.down.bias)
+        gated = F.silu(self.gate(normed)) * self.up(normed)
+        return hidden + self.down(gated)
 
 
 class DecoderParts:
@@ -133,6 +195,7 @@ class DecoderParts:
         self.embed, self.norm, self.rotary = inner.embed_tokens, inner.norm, inner.rotary_emb
         self.layers = list(inner.layers[: int(loaded.model.config.num_hidden_layers)])
         self.head = loaded.model.get_output_embeddings()
+        self.head_split = SplitLinear(self.head) if isinstance(self.head, torch.nn.Linear) else None
         self.dtype = next(loaded.model.parameters()).dtype
         config = loaded.model.config
         lean = all(LeanLayer.supported(layer, config) for layer in self.layers)
@@ -166,7 +229,10 @@ class DecoderParts:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The final norm and head, as float32 ``[…, V]``."""
-        return self.head(self.norm(hidden)).float()
+        head = self.head
+        if self.head_split is None or head._forward_hooks or head._forward_pre_hooks:
+            return head(self.norm(hidden)).float()
+        return self.head_split(self.norm(hidden)).float()
 
 
 class DirectForward:

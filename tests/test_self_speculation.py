@@ -229,6 +229,70 @@ def test_lean_layers_are_bitwise_the_modules(kind: str) -> None:
         assert seen == [1]
 
 
+def _wide_llama():
+    """A 2-layer Llama wide enough for the two-thread one-token products (q, o, the MLP and the head
+    are over ``SPLIT_MIN_ELEMENTS``; k and v are not), with GQA as in the embedded model."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from diagnostics.models import wrap_model
+
+    torch.manual_seed(11)
+    config = LlamaConfig(vocab_size=2048, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=8,
+                         num_key_value_heads=4, max_position_embeddings=128, tie_word_embeddings=True)
+    return wrap_model(LlamaForCausalLM(config).eval())
+
+
+def test_one_token_products_over_two_threads_are_bitwise_the_modules(monkeypatch) -> None:
+    """One-token projections run as two half-row products (both cores) give bitwise the modules'
+    logits and cache, one token at a time and in blocks (which keep F.linear); the split is in use
+    for every large matrix, and not for the small ones."""
+    from transformers import DynamicCache
+
+    from diagnostics import fast_forward
+    from diagnostics.fast_forward import DecoderParts
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # the split needs two threads; CI has them, so does this test
+    loaded = _wide_llama()
+    parts = DecoderParts(loaded)
+    lean = parts.lean[id(parts.layers[0])]
+    assert all(linear.halves is not None for linear in (lean.q, lean.o, lean.gate, lean.up, lean.down, parts.head_split))
+    assert lean.k.halves is None and lean.v.halves is None  # 32,768 elements: below SPLIT_MIN_ELEMENTS
+    modules = DecoderParts(loaded)
+    modules.lean, modules.head_split = {}, None  # the layers and the head called as modules
+    sequence = [3, 7, 1, 9, 4, 4, 2, 8, 11, 5, 6, 30, 31, 2, 1500, 2047, 17]
+    lean_cache, module_cache = DynamicCache(config=loaded.model.config), DynamicCache(config=loaded.model.config)
+    calls = []
+    real = fast_forward._two_halves
+    monkeypatch.setattr(fast_forward, "_two_halves", lambda row, halves: calls.append(1) or real(row, halves))
+    with torch.inference_mode():
+        for start, end in ((0, 6), (6, 7), (7, 8), (8, 12), (12, 13), (13, 14), (14, 15), (15, 17)):
+            got = parts.logits(parts.run(parts.embed_tokens(sequence[start:end]), start, parts.layers, lean_cache))
+            want = modules.logits(modules.run(modules.embed_tokens(sequence[start:end]), start, modules.layers, module_cache))
+            assert torch.equal(got, want), (start, end, float((got - want).abs().max()))
+        for lean_layer, module_layer in zip(lean_cache.layers, module_cache.layers):
+            assert torch.equal(lean_layer.keys, module_layer.keys) and torch.equal(lean_layer.values, module_layer.values)
+    assert len(calls) == 5 * (5 * 2 + 1)  # 5 one-token steps × (5 split products × 2 layers + the head)
+
+
+def test_a_split_product_that_is_not_bitwise_is_not_used(monkeypatch) -> None:
+    """Negative control: where the two-half product differs from F.linear by one rounding step on
+    this machine, the check refuses it and the projection stays F.linear."""
+    from diagnostics import fast_forward
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    real = fast_forward._two_halves
+    monkeypatch.setattr(fast_forward, "_two_halves", lambda row, halves: torch.nextafter(real(row, halves), torch.tensor(math.inf)))
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(256, 512, bias=False)
+    split = fast_forward.SplitLinear(linear)
+    assert split.halves is None
+    row = torch.randn(1, 1, 256)
+    with torch.inference_mode():
+        assert torch.equal(split(row), torch.nn.functional.linear(row, linear.weight))
+    monkeypatch.setattr(fast_forward, "_two_halves", real)
+    assert fast_forward.SplitLinear(torch.nn.Linear(256, 512, bias=False)).halves is not None  # a fresh weight passes the check
+
+
 def test_models_outside_the_direct_loop_keep_their_forward() -> None:
     from diagnostics.drafters import CachedModel
     from diagnostics.fast_forward import supports_direct_forward
