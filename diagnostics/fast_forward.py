@@ -59,7 +59,7 @@ def supports_direct_forward(loaded: LoadedModel) -> bool:
 
 # One token's projection ``x Wᵀ`` as two half-row products in one ``bmm``. On CPU, torch runs a
 # single-row ``F.linear`` on one thread, whatever ``torch.get_num_threads()`` says (a 49,152 × 576
-# head: 8.6 ms with 1 thread or 2), so decoding one token leaves a core idle. ``bmm`` over the two
+# head: about 8 ms with 1 thread or 2), so decoding one token leaves a core idle. ``bmm`` over the two
 # halves runs them on torch's own thread pool: 1.7× faster on the head and 1.4× on the embedded
 # model's 210 layer matrices (2 cores). Each output element is the same dot product by the same
 # kernel, so the result is *bitwise* ``F.linear``'s; that is checked once per weight on this
@@ -100,8 +100,8 @@ class SplitLinear:
         self.halves = None
         weight = self.weight
         rows = weight.shape[0] if weight.dim() == 2 else 1
-        if (self.bias is None and weight.dim() == 2 and weight.device.type == "cpu" and self.threads >= 2
-                and rows % 2 == 0 and weight.numel() >= SPLIT_MIN_ELEMENTS):
+        if (self.bias is None and weight.dim() == 2 and weight.is_contiguous() and weight.device.type == "cpu"
+                and self.threads >= 2 and rows % 2 == 0 and weight.numel() >= SPLIT_MIN_ELEMENTS):
             halves = weight.detach().view(2, rows // 2, weight.shape[1]).transpose(1, 2)
             if _split_ok(weight, halves, self.threads):
                 self.halves = halves
