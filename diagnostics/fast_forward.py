@@ -29,7 +29,6 @@ equal; on 2 cores it decodes the embedded model 1.5× faster with the same recor
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import torch
@@ -65,22 +64,20 @@ def supports_direct_forward(loaded: LoadedModel) -> bool:
 # kernel, so the result is *bitwise* ``F.linear``'s; that is checked once per weight on this
 # machine (``_split_ok``), and a weight that differs keeps ``F.linear``.
 SPLIT_MIN_ELEMENTS = 65_536  # smaller matrices: the second thread's start costs more than it saves
-_split_checked: dict[int, tuple[Any, tuple, bool]] = {}  # id(weight) → (weak reference, check key, verdict)
 
 
 def _split_ok(weight: torch.Tensor, halves: torch.Tensor, threads: int) -> bool:
-    """Whether the two-half product of one random row equals ``F.linear``'s bit for bit (memoised per weight)."""
+    """Whether the two-half product of one random row equals ``F.linear``'s bit for bit; the verdict
+    is kept on the weight (a forward is built per generation), with what it was checked for."""
     key = (weight.data_ptr(), weight._version, threads, weight.dtype)
-    known = _split_checked.get(id(weight))
-    if known is not None and known[0]() is weight and known[1] == key:
-        return known[2]
+    known = getattr(weight, "_diagnostics_split", None)
+    if known is not None and known[0] == key:
+        return known[1]
     generator = torch.Generator().manual_seed(0)
     row = torch.randn(1, 1, weight.shape[1], generator=generator).to(device=weight.device, dtype=weight.dtype)
     with torch.inference_mode():
         same = torch.equal(_two_halves(row, halves), F.linear(row, weight))
-    if id(weight) not in _split_checked:  # forget the verdict with the weight (a tensor cannot be a dict key)
-        weakref.finalize(weight, _split_checked.pop, id(weight), None)
-    _split_checked[id(weight)] = (weakref.ref(weight), key, same)
+    weight._diagnostics_split = (key, same)
     return same
 
 
@@ -99,10 +96,9 @@ class SplitLinear:
         self.threads = torch.get_num_threads()
         self.halves = None
         weight = self.weight
-        rows = weight.shape[0] if weight.dim() == 2 else 1
-        if (self.bias is None and weight.dim() == 2 and weight.is_contiguous() and weight.device.type == "cpu"
-                and self.threads >= 2 and rows % 2 == 0 and weight.numel() >= SPLIT_MIN_ELEMENTS):
-            halves = weight.detach().view(2, rows // 2, weight.shape[1]).transpose(1, 2)
+        if (self.bias is None and weight.dim() == 2 and weight.shape[0] % 2 == 0 and weight.is_contiguous()
+                and weight.device.type == "cpu" and self.threads >= 2 and weight.numel() >= SPLIT_MIN_ELEMENTS):
+            halves = weight.detach().view(2, weight.shape[0] // 2, weight.shape[1]).transpose(1, 2)
             if _split_ok(weight, halves, self.threads):
                 self.halves = halves
 
