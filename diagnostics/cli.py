@@ -131,6 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--limit", type=int, default=None, metavar="N", help="use only the first N prompts of the set")
     sweep.add_argument("--seeds", type=int, default=2, help="seeds per prompt (0 … N − 1); intervals resample prompts, then seeds")
     sweep.add_argument("--resume", default=None, metavar="SWEEP_ID", help="run the units an interrupted sweep is missing")
+    sweep.add_argument("--check-answers", default=None, metavar="SWEEP_ID",
+                       help="score a stored sweep's finished runs with their prompts' checkers now and store the scores (a sweep "
+                            "scores its units as they finish; this is for sweeps of older versions). A HumanEval checker runs "
+                            "each output as code inside the bubblewrap sandbox")
     sweep.add_argument("--cost", type=float, default=None, metavar="C",
                        help="draft/target cost ratio c of one step for the modelled speed-up (default: measured here)")
     sweep.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
@@ -455,6 +459,15 @@ def _command_sweep(args: argparse.Namespace) -> int:
 
     if args.cost is not None and args.cost < 0:
         raise ValueError(f"--cost must be >= 0 (draft step / target step), got {args.cost}")
+    if args.check_answers:
+        from diagnostics.evaluation.answers import recheck_sweep
+
+        if args.prompts or args.rule or args.limit or args.resume:
+            raise ValueError("--check-answers takes a stored sweep; drop --prompts, --limit, --rule and --resume")
+        store = Store(args.db)
+        scores = recheck_sweep(store, args.check_answers, save=True)
+        print(f"sweep {args.check_answers}: {len(scores)} runs checked, {sum(scores.values()):g} passed", file=sys.stderr)
+        return _print_sweep(store, args.check_answers, args.cost if args.cost is not None else 0.0)
     if args.resume:
         if args.prompts or args.rule or args.limit:
             raise ValueError("--resume takes the sweep's own prompts and rules; drop --prompts, --limit and --rule")
@@ -783,6 +796,7 @@ def main(argv: list[str] | None = None) -> int:
     from diagnostics.models import ModelError
     from diagnostics.policy import PolicyError
     from diagnostics.rules import RuleError
+    from diagnostics.evaluation.sandbox import SandboxUnavailable
     from diagnostics.store import StoreError
 
     try:
@@ -799,7 +813,7 @@ def main(argv: list[str] | None = None) -> int:
         from diagnostics.bench import run_bench
 
         return run_bench(args)
-    except (RuleError, PolicyError, ModelError, EngineError, StoreError, ValueError) as error:
+    except (RuleError, PolicyError, ModelError, EngineError, StoreError, ValueError, SandboxUnavailable) as error:
         from diagnostics.untrusted import visible
 
         # One line, whatever the message quotes (a file's rule spec, a path): escapes shown, not run.

@@ -433,6 +433,7 @@ def test_a_schema_4_file_gains_the_draft_stop_column(tmp_path) -> None:
     assert request_from_run(store.get_run(run_id)).draft_stop == 0.5
     with duckdb.connect(str(path)) as con:
         con.execute("ALTER TABLE runs DROP COLUMN draft_stop")
+        con.execute("ALTER TABLE sweep_runs DROP COLUMN score")
         con.execute("UPDATE meta SET value = '4' WHERE key = 'schema_version'")
     old = Store(path, read_only=True)
     assert "draft_stop" not in old.get_run(run_id) and request_from_run(old.get_run(run_id)).draft_stop is None

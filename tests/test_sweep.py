@@ -13,7 +13,7 @@ import torch
 
 from diagnostics.engine import EngineError
 from diagnostics.evaluation.plan import expand_rule, unit_members
-from diagnostics.evaluation.prompts import PromptSetError, load_prompts
+from diagnostics.evaluation.prompts import PromptSetError, load_prompts, score
 from diagnostics.evaluation.stats import bootstrap_mean, summarise_sweep, sweep_table
 from diagnostics.evaluation.sweeper import expand_rules, run_sweep, settings_of
 from diagnostics.metrics import log_likelihood
@@ -81,7 +81,11 @@ def test_prompt_files_are_checked_with_one_line_errors(tmp_path: Path) -> None:
         "no prompt": ('{"id": "x"}', 'line 1: each line needs a non-empty "prompt"'),
         "twice": ('{"id": "x", "prompt": "a"}\n{"id": "x", "prompt": "b"}', "line 2: the id 'x' is used twice"),
         "bad checker": ('{"prompt": "a", "checker": {"type": "fuzzy"}}', "checker must be an object with type exact or regex"),
-        "bad regex": ('{"prompt": "a", "checker": {"type": "regex", "pattern": "("}}', "does not compile"),
+        "bad regex": ('{"prompt": "a", "checker": {"type": "regex", "pattern": "("}}', "is not valid RE2 syntax"),
+        "backreference": ('{"prompt": "a", "checker": {"type": "regex", "pattern": "(a)\\\\1"}}', "RE2 has no backreferences"),
+        "regex not text": ('{"prompt": "a", "checker": {"type": "regex", "pattern": 7}}', 'needs a non-empty "pattern" string'),
+        "exact without answer": ('{"prompt": "a", "checker": {"type": "exact"}}', 'needs a non-empty "answer" string'),
+        "unknown task": ('{"prompt": "a", "checker": {"type": "humaneval", "task_id": "HumanEval/999"}}', 'known "task_id"'),
         "empty": ("\n\n", "holds no prompts"),
     }
     for name, (text, fragment) in cases.items():
@@ -91,6 +95,19 @@ def test_prompt_files_are_checked_with_one_line_errors(tmp_path: Path) -> None:
             load_prompts(path)
     with pytest.raises(PromptSetError, match="shipped set: general"):
         load_prompts(tmp_path / "missing.jsonl")
+
+
+def test_regex_checkers_take_linear_time(tmp_path: Path) -> None:
+    """A pattern that backtracks catastrophically in Python's ``re`` (``(a+)+$`` on a run of a's and
+    one other letter: 2^n steps) is matched by RE2 in time linear in the output."""
+    import time
+
+    path = tmp_path / "redos.jsonl"
+    path.write_text(json.dumps({"prompt": "say a", "checker": {"type": "regex", "pattern": "^(a+)+$"}}) + "\n", encoding="utf-8")
+    checker = load_prompts(path)[0].checker
+    started = time.monotonic()
+    assert score(checker, "a" * 200_000 + "!") == 0.0 and score(checker, "A" * 50) == 1.0
+    assert time.monotonic() - started < 1.0
 
 
 def test_sweep_aggregates_equal_the_stored_runs(prompt_file: Path, tiny_target, tmp_path: Path) -> None:
@@ -124,6 +141,14 @@ def test_sweep_aggregates_equal_the_stored_runs(prompt_file: Path, tiny_target, 
     assert summaries["lenience:0.5"].against == "lossless"  # its baseline is p: the lossless run
     kl = by_hand("lenience:0.5", "kl_target", lambda column: float(column.sum()))
     assert summaries["lenience:0.5"].figures["path KL"][0] == pytest.approx(np.mean(list(kl.values())), abs=1e-12)
+    # Each run's checker score was stored when its unit finished: the checker on its output.
+    checkers = {item["id"]: item.get("checker") for item in PROMPTS}
+    for row in linked.itertuples():
+        expected = score(checkers[row.prompt_id], row.output_text) if checkers[row.prompt_id] else None
+        assert (row.score if row.score == row.score else None) == expected, row
+    assert linked["score"].notna().sum() == 4 * 4 and set(linked["score"].dropna()) <= {0.0, 1.0}
+    accuracy = table[table["label"] == "lenience:0.5"]["accuracy"].dropna()
+    assert summaries["lenience:0.5"].figures["accuracy"][0] == pytest.approx(accuracy.mean()) and len(accuracy) == 4
     # Accuracy: the checkers of prompts a (regex) and c (exact), on the stored output texts.
     runs = {row.run_id: store.get_run(row.run_id) for row in linked.itertuples()}
     expected = []
@@ -318,44 +343,6 @@ def test_sweep_command_prints_figures_and_verdicts(prompt_file: Path, tiny_folde
     assert subprocess.run([sys.executable, "-c", probe], cwd=Path(__file__).resolve().parent.parent).returncode == 0
 
 
-def test_humaneval_checker_runs_the_problem_tests_in_a_sandbox() -> None:
-    """Canonical solutions of a sample of HumanEval problems pass (as a fenced reply and as a bare
-    body); wrong ones fail; the code never runs in this process."""
-    import os
-
-    from diagnostics.evaluation.prompts import humaneval_problems, score
-    from diagnostics.evaluation.sandbox import run_program
-
-    problems = humaneval_problems()
-    assert len(problems) == 164 and len(load_prompts("humaneval")) == 164
-    for task_id in list(problems)[::12]:
-        problem = problems[task_id]
-        checker = {"type": "humaneval", "task_id": task_id}
-        fenced = "Sure:\n```python\n" + problem["prompt"] + problem["canonical_solution"] + "```\n"
-        assert score(checker, fenced) == 1.0, task_id
-        assert score(checker, problem["canonical_solution"]) == 1.0, task_id
-        wrong = f"```python\ndef {problem['entry_point']}(*args, **kwargs):\n    return None\n```"
-        assert score(checker, wrong) == 0.0, task_id
-    outcome = run_program("import os\nraise SystemExit(f'pid {os.getpid()}')")
-    assert not outcome.passed and outcome.reason.startswith("pid ") and outcome.reason != f"pid {os.getpid()}"
-
-
-@pytest.mark.parametrize("source, reason", [
-    ("while True:\n    pass", "timed out"),
-    ("blocks = []\nwhile True:\n    blocks.append(bytearray(10**7))", "MemoryError|killed by signal"),
-    ("import socket\nsocket.create_connection(('1.1.1.1', 80), timeout=1)", "network access is disabled"),
-    ("import _socket\ns = _socket.socket()\ns.settimeout(1)\ns.connect(('1.1.1.1', 80))",
-     "network access is disabled|Network is unreachable|Operation not permitted|timed out"),
-])
-def test_the_sandbox_stops_loops_allocations_and_sockets(source: str, reason: str) -> None:
-    import re
-
-    from diagnostics.evaluation.sandbox import run_program
-
-    outcome = run_program(source, time_limit_s=2, memory_mb=256)
-    assert not outcome.passed and re.search(reason, outcome.reason), outcome
-
-
 def test_sweep_page_shows_the_pareto_chart_table_and_verdicts(prompt_file: Path, tiny_target, tmp_path: Path, monkeypatch) -> None:
     from app_support import open_page
 
@@ -374,6 +361,128 @@ def test_sweep_page_shows_the_pareto_chart_table_and_verdicts(prompt_file: Path,
     assert not at.exception
     links = [markdown.value for markdown in at.markdown if "/inspect?run=" in markdown.value]
     assert len(links) == 3  # one per unit of the chosen setting
+
+
+def test_a_humaneval_sweep_checks_in_the_sandbox_or_refuses_before_anything_runs(tiny_target, tiny_folder3: str, tmp_path: Path,
+                                                                                 monkeypatch, capsys) -> None:
+    """A sweep whose checker runs generated code stores each run's sandboxed score; where bubblewrap
+    is missing it refuses in one line before any model work or row."""
+    import diagnostics.evaluation.sandbox as sandbox
+    from test_sandbox import require_sandbox
+
+    from diagnostics.cli import main
+    from diagnostics.evaluation.sandbox import SandboxUnavailable
+
+    path = tmp_path / "code.jsonl"
+    path.write_text(json.dumps({"id": "he0", "prompt": "w1 w2 w3", "checker": {"type": "humaneval", "task_id": "HumanEval/0"}}) + "\n",
+                    encoding="utf-8")
+    store = Store(tmp_path / "he.duckdb")
+    sandbox.sandbox_problem.cache_clear()
+    monkeypatch.setattr(sandbox, "BWRAP", "bwrap-not-installed")
+    with pytest.raises(SandboxUnavailable, match="apt-get install bubblewrap"):
+        run_sweep(store, tiny_target, "early-exit:2", _settings(path, ["lenience:0.5"], seeds=1))
+    assert store.list_sweeps().empty and store.list_runs().empty
+    capsys.readouterr()
+    assert main(["sweep", "--prompts", str(path), "--rule", "lenience:0.5", "--target", tiny_folder3,
+                 "--draft", "early-exit:2", "--raw", "--db", str(tmp_path / "cli.duckdb")]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: generated code runs only inside bubblewrap") and error.count("\n") == 1, error
+    assert Store(tmp_path / "cli.duckdb").list_sweeps().empty
+    monkeypatch.undo()
+    sandbox.sandbox_problem.cache_clear()
+    require_sandbox()
+    sweep_id = run_sweep(store, tiny_target, "early-exit:2", _settings(path, ["lenience:0.5"], seeds=1))
+    linked = store.sweep_runs(sweep_id)
+    assert len(linked) == 2 and linked["score"].tolist() == [0.0, 0.0]  # a 3-layer random model writes no working code
+
+
+def _forbid_checking(monkeypatch) -> list[str]:
+    """Make any checker or sandbox call record itself (and fail): pages and reports must not check."""
+    import diagnostics.evaluation.answers as answers
+    import diagnostics.evaluation.prompts as prompts
+    import diagnostics.evaluation.sandbox as sandbox
+
+    calls: list[str] = []
+
+    def forbidden(name: str):
+        def call(*args, **kwargs):
+            calls.append(name)
+            raise AssertionError(f"{name} ran")
+        return call
+
+    for module, name in ((prompts, "score"), (answers, "score"), (sandbox, "run_program"), (sandbox, "_run")):
+        monkeypatch.setattr(module, name, forbidden(f"{module.__name__}.{name}"))
+    return calls
+
+
+def test_pages_and_reports_read_stored_scores_and_check_answers_only_when_asked(prompt_file: Path, tiny_target, tmp_path: Path,
+                                                                             monkeypatch, capsys) -> None:
+    """Opening a sweep (page, report, CLI figures) reads the scores stored when its units ran and
+    never runs a checker. A sweep without stored scores (an older version's) shows "Check the
+    answers"; the click scores its runs: stored in the user's own database, kept for the session
+    only in a shared (read-only) file, which stays byte-identical."""
+    import shutil
+
+    from app_support import open_page
+
+    from diagnostics.cli import main
+    from diagnostics.report import build_report
+
+    db = tmp_path / "mine.duckdb"
+    store = Store(db)
+    sweep_id = run_sweep(store, tiny_target, "early-exit:2", _settings(prompt_file, ["lenience:0.5"], seeds=1))
+    stored = sweep_table(store, sweep_id, 0.5)["accuracy"]
+    calls = _forbid_checking(monkeypatch)
+    assert sweep_table(store, sweep_id, 0.5)["accuracy"].equals(stored) and stored.notna().sum() == 4
+    assert "Sweep " in build_report(store, [], sweep_ids=[sweep_id])
+    assert main(["report", "--sweep", sweep_id, "--db", str(db), "-o", str(tmp_path / "r.html")]) == 0
+    monkeypatch.setenv("SPECLAB_DB", str(db))
+    at = open_page("views/sweep.py", {"sweep": sweep_id})
+    assert not any(button.key == "sw_recheck" for button in at.button)  # every score is stored
+    assert calls == []
+
+    import duckdb
+
+    with duckdb.connect(str(db)) as con:
+        con.execute("UPDATE sweep_runs SET score = NULL")
+    shared = tmp_path / "shared.duckdb"
+    shutil.copyfile(db, shared)
+    before = shared.read_bytes()
+    assert sweep_table(store, sweep_id, 0.5)["accuracy"].isna().all() and calls == []
+    at = open_page("views/sweep.py", {"sweep": sweep_id})
+    assert any("4 finished runs of this sweep have no stored answer score" in info.value for info in at.info) and calls == []
+    monkeypatch.undo()  # the user's click may run the checkers
+    monkeypatch.setenv("SPECLAB_DB", str(db))
+    at.button(key="sw_recheck").click().run()
+    assert not at.exception and sweep_table(store, sweep_id, 0.5)["accuracy"].equals(stored)
+    assert not any(button.key == "sw_recheck" for button in at.button)
+
+    at = AppTest_with_shared(shared, sweep_id)
+    assert any("no stored answer score" in info.value for info in at.info)
+    at.button(key="sw_recheck").click().run()
+    assert not at.exception and not any(button.key == "sw_recheck" for button in at.button)
+    assert "accuracy" in [radio.options for radio in at.radio if radio.key == "sweep_axis"][0]
+    assert shared.read_bytes() == before  # a shared file is never written
+    with duckdb.connect(str(db)) as con:  # the command line's re-check, on the user's own database
+        con.execute("UPDATE sweep_runs SET score = NULL")
+    capsys.readouterr()
+    assert main(["sweep", "--check-answers", sweep_id, "--db", str(db)]) == 0
+    assert "4 runs checked" in capsys.readouterr().err and sweep_table(store, sweep_id, 0.5)["accuracy"].equals(stored)
+
+
+def AppTest_with_shared(path: Path, sweep_id: str):
+    """The Sweeps page with ``path`` opened read-only, as the Runs page's import leaves it."""
+    from app_support import APP
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.session_state["shared_db"] = str(path)
+    at.query_params["sweep"] = sweep_id
+    at.run()
+    at.switch_page("views/sweep.py")
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
 
 
 def test_a_sweep_goes_into_the_report(prompt_file: Path, tiny_target, tmp_path: Path, capsys) -> None:

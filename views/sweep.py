@@ -10,8 +10,11 @@ import streamlit as st
 
 from diagnostics.charts import pareto_figure, token_strip_html
 from diagnostics.engine import EngineError
+from diagnostics.evaluation.answers import needs_sandbox, recheck_sweep
 from diagnostics.evaluation.plan import unit_members
 from diagnostics.evaluation.prompts import PromptSetError, load_prompts
+from diagnostics.evaluation.sandbox import SandboxUnavailable
+from diagnostics.evaluation.settings import checkers_of
 from diagnostics.evaluation.stats import summarise_sweep, sweep_table
 from diagnostics.evaluation.sweeper import (
     base_request,
@@ -114,7 +117,7 @@ def run_on_page(settings: dict, sweep_id: str | None) -> None:
                                  on_record_for=on_record_for)
         finally:
             finished.set()
-    except (RuleError, EngineError, ModelError, StoreError, ValueError) as error:
+    except (RuleError, EngineError, ModelError, StoreError, ValueError, SandboxUnavailable) as error:
         st.session_state.pop("sw_launching", None)
         show_error(error)
         st.stop()
@@ -188,7 +191,35 @@ first_run = store.get_run(linked["run_id"].iloc[0]) if not linked.empty else Non
 # The same default as Inspect: measured on this machine when the models may be loaded, else L/N
 # for an early exit (the sweep's runs share their target and drafter).
 cost = cost_ratio_input(first_run, target_if_allowed(first_run), "sweep", st) if first_run is not None else None
-table = sweep_table(store, sweep_id, 0.0 if cost is None else cost)
+rechecked = st.session_state.setdefault("sweep_rechecked", {})  # sweep id → scores of a re-check in this session
+
+
+def answer_check(checkers: dict) -> None:
+    """The checkers' scores come from the sweep as stored. Where some are missing (a sweep of an
+    older version, or a unit the sweep could not check), they are computed only when the user asks:
+    a HumanEval checker runs each output as code (in the bubblewrap sandbox). A shared file's
+    scores of a re-check are kept for this session only (the file stays as it is)."""
+    checked = linked["prompt_id"].map(lambda prompt_id: checkers.get(prompt_id) is not None)
+    scores = linked["score"] if "score" in linked else pd.Series([None] * len(linked), index=linked.index)
+    missing = int(((linked["status"] == "complete") & checked & scores.isna()).sum())
+    if not missing or sweep_id in rechecked:
+        return
+    runs_code = needs_sandbox(checkers)
+    st.info(f"{missing} finished runs of this sweep have no stored answer score, so accuracy leaves them out. "  # literal-ok: a count
+            + ("Checking them runs each output as Python code, inside the bubblewrap sandbox only (no network, no files "
+               "of this machine, time and memory limits)." if runs_code else "Checking them compares each output with its answer."))
+    if st.button("Check the answers", key="sw_recheck", help="Scores each finished run's output with its prompt's checker, now"):
+        try:
+            with st.spinner("checking the answers"):
+                rechecked[sweep_id] = recheck_sweep(store, sweep_id, save=not store.read_only)
+        except (SandboxUnavailable, StoreError, ValueError) as error:
+            show_error(error)
+            return
+        st.rerun()
+
+
+answer_check(checkers_of(settings))
+table = sweep_table(store, sweep_id, 0.0 if cost is None else cost, scores=rechecked.get(sweep_id))
 summaries = summarise_sweep(table)
 if not summaries:
     st.info("No unit of this sweep has finished yet.")

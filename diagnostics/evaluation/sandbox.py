@@ -1,38 +1,91 @@
-"""Running untrusted generated code: a separate Python process with time, memory, file-size and
-process limits, in a fresh temporary folder, with no network.
+"""Running untrusted generated code (a HumanEval reply and its tests): only inside bubblewrap.
 
-Never in the dashboard's (or the CLI's) own process. The child gets an empty environment, runs
-in isolated mode (``python -I``), and before the program starts it is placed in a new network
-namespace when the system allows it (root, or unprivileged user namespaces); otherwise the
-socket module is disabled inside the child, which stops the ordinary ways of opening a
-connection. The temporary folder is removed afterwards, whatever the program did.
+bubblewrap (``bwrap``, the sandbox Flatpak uses) builds the child an empty world of its own:
+
+* namespaces: a new user namespace (the child is uid/gid 65534 there, with no capability, and
+  may not create further user namespaces), PID (it sees only its own processes, under a new
+  ``/proc``), network (loopback only, so no route anywhere), IPC, UTS, cgroup and mount;
+* files: bwrap's own root, read-only; the interpreter's installation and the C libraries it
+  loads, bound read-only; the program, a read-only file; a private ``/tmp`` tmpfs of
+  ``TMPFS_MB``, the only writable place. No ``/etc``, no home, no project, no database;
+* an empty environment (``PATH``, ``HOME``, ``LANG`` only) and ``python -I -S``;
+* limits set inside, before the program starts (so they count only the sandbox's processes):
+  CPU seconds, address space, file size, open files, processes, no core file;
+* ``--die-with-parent`` and ``--new-session``; on the wall-clock limit the sandbox's outer process is
+  killed, which kills its PID namespace, so nothing the program forked survives the check,
+  pass or fail (also when the program exits first: the namespace ends with it).
+
+When this process is root, bwrap itself runs as the unprivileged uid 65534 (``nobody``): a small
+helper first binds the interpreter where that uid can reach it, in a private mount namespace,
+then drops to it and starts bwrap. The parent reads at most ``OUTPUT_LIMIT`` bytes of the child's
+error output (the rest is drained and dropped; standard output is discarded).
+
+Where bubblewrap is missing or cannot create its namespaces, nothing runs: ``SandboxUnavailable``
+says, in one line, how to enable it. There is no unisolated fallback.
 """
 
 from __future__ import annotations
 
-import ctypes
+import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
-CLONE_NEWNET = 0x40000000
+BWRAP = "bwrap"  # looked up on PATH
+SANDBOX_UID = 65534  # nobody
 TIME_LIMIT_S = 10.0
-MEMORY_LIMIT_MB = 1024
+MEMORY_LIMIT_MB = 512  # address space per process
+PROCESS_LIMIT = 8  # processes (and threads) of the sandbox's uid inside its user namespace
+FILE_LIMIT_MB = 16  # largest file the program may write
+TMPFS_MB = 64  # the whole writable /tmp
+OPEN_FILES = 64
+OUTPUT_LIMIT = 8192  # bytes of the child's error output kept (its tail: the last line says why)
+PROGRAM = "/sandbox/program.py"
+HOW_TO_ENABLE = ("install it (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install bubblewrap) and allow "
+                 "unprivileged user namespaces (sysctl user.max_user_namespaces > 0; on Debian "
+                 "kernel.unprivileged_userns_clone=1; on Ubuntu 24.04 an AppArmor profile that lets bwrap use them)")
 
-# Run first inside the child: no sockets, whatever the namespace gave us.
-_PRELUDE = '''
-import socket as _socket
+# Inside the sandbox: set the limits on itself, then become the program (rlimits survive exec).
+_LAUNCHER = """\
+import os, resource, sys
+limits = [int(value) for value in sys.argv[1:7]]
+kinds = (resource.RLIMIT_CPU, resource.RLIMIT_AS, resource.RLIMIT_FSIZE, resource.RLIMIT_NOFILE,
+         resource.RLIMIT_NPROC, resource.RLIMIT_CORE)
+for kind, value in zip(kinds, limits):
+    resource.setrlimit(kind, (value, value))
+os.execv(sys.executable, [sys.executable, "-I", "-S", sys.argv[7]])
+"""
 
-def _no_network(*args, **kwargs):
-    raise OSError("network access is disabled in the sandbox")
+# Run as root, before bwrap: bind the interpreter where uid 65534 can reach it (in a mount
+# namespace of this helper alone), drop to that uid, and become bwrap.
+_DROP_HELPER = """\
+import ctypes, json, os, sys
+plan = json.loads(sys.argv[1])
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
+def check(result, what):
+    if result != 0:
+        raise SystemExit("sandbox: " + what + ": " + os.strerror(ctypes.get_errno()))
+check(libc.unshare(0x00020000), "a private mount namespace")
+check(libc.mount(None, b"/", None, 0x4000 | 0x40000, None), "private mounts")
+for source, staging in plan["binds"]:
+    check(libc.mount(source.encode(), staging.encode(), None, 0x1000 | 0x4000, None), "binding " + source)
+os.setgroups([])
+os.setgid(plan["uid"])
+os.setuid(plan["uid"])
+os.execv(plan["argv"][0], plan["argv"])
+"""
 
-for _name in ("socket", "create_connection", "create_server", "socketpair", "fromfd", "getaddrinfo"):
-    setattr(_socket, _name, _no_network)
-del _socket, _name
-'''
+
+class SandboxUnavailable(RuntimeError):
+    """Generated code cannot run here: bubblewrap is missing or refused; the message says what to do."""
 
 
 @dataclass(frozen=True)
@@ -43,56 +96,141 @@ class Outcome:
     reason: str
 
 
-def _limits(memory_mb: int, seconds: float):
-    def apply() -> None:  # runs in the child, before exec
-        import resource
+def _interpreter() -> tuple[Path, Path]:
+    """The real interpreter (a virtual environment's ``python`` is a link to it) and the folder
+    it is installed in (its standard library lies below)."""
+    executable = Path(os.path.realpath(sys.executable))
+    prefix = Path(os.path.realpath(sys.base_prefix))
+    if prefix not in executable.parents:
+        prefix = executable.parent.parent
+    return executable, prefix
 
-        os.setsid()
-        memory = memory_mb * 2**20
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-        cpu = int(seconds) + 1
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (16 * 2**20, 16 * 2**20))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.unshare(CLONE_NEWNET)  # no network interfaces at all, when permitted
-        except OSError:
-            pass
 
-    return apply
+def _sandbox_argv(bwrap: str, prefix_source: Path, program_fd: int, time_limit_s: float, memory_mb: int) -> list[str]:
+    """bwrap's command line: namespaces, identity, environment, mounts, then the launcher that sets
+    the limits and runs the program. ``prefix_source``: where bwrap finds the interpreter's folder
+    (the folder itself, or the helper's binding of it when bwrap runs as ``nobody``)."""
+    executable, prefix = _interpreter()
+    argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
+            "--die-with-parent", "--new-session", "--clearenv",
+            "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8"]
+    for name in ("/usr/lib", "/usr/lib64", "/lib", "/lib64", "/lib32"):  # the C libraries it loads
+        path = Path(name)
+        if path.is_symlink():  # a merged /usr: /lib is a link into /usr/lib
+            argv += ["--symlink", os.readlink(name), name]
+        elif path.is_dir():
+            argv += ["--ro-bind", name, name]
+    argv += ["--ro-bind", str(prefix_source), str(prefix),
+             "--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
+             "--size", str(TMPFS_MB * 2**20), "--tmpfs", "/tmp", "--chdir", "/tmp",
+             "--ro-bind-data", str(program_fd), PROGRAM,
+             "--remount-ro", "/"]
+    limits = [int(time_limit_s) + 1, memory_mb * 2**20, FILE_LIMIT_MB * 2**20, OPEN_FILES, PROCESS_LIMIT, 0]
+    return argv + [str(executable), "-I", "-S", "-c", _LAUNCHER, *map(str, limits), PROGRAM]
+
+
+def _command(program_fd: int, staging: Path, time_limit_s: float, memory_mb: int) -> list[str]:
+    """The command that starts the sandbox: bwrap itself, or (as root) the helper that hands bwrap
+    to uid 65534 with the interpreter bound under ``staging``."""
+    bwrap = shutil.which(BWRAP)
+    if bwrap is None:
+        raise SandboxUnavailable(f"generated code runs only inside bubblewrap, and {BWRAP!r} is not on PATH: {HOW_TO_ENABLE}")
+    executable, prefix = _interpreter()
+    if os.geteuid() != 0:
+        return _sandbox_argv(bwrap, prefix, program_fd, time_limit_s, memory_mb)
+    mirror = staging / "interpreter"
+    mirror.mkdir()
+    plan = {"binds": [[str(prefix), str(mirror)]], "uid": SANDBOX_UID,
+            "argv": _sandbox_argv(bwrap, mirror, program_fd, time_limit_s, memory_mb)}
+    return [str(executable), "-I", "-S", "-c", _DROP_HELPER, json.dumps(plan)]
+
+
+def _drain(stream, keep: int, tail: bytearray) -> None:
+    """Read ``stream`` to its end, keeping only its last ``keep`` bytes: the parent's memory stays
+    bounded whatever the child writes, and the child never blocks on a full pipe."""
+    descriptor = stream.fileno()
+    while True:
+        chunk = os.read(descriptor, 65536)
+        if not chunk:
+            return
+        tail += chunk
+        if len(tail) > keep:
+            del tail[: len(tail) - keep]
 
 
 def run_program(source: str, time_limit_s: float = TIME_LIMIT_S, memory_mb: int = MEMORY_LIMIT_MB) -> Outcome:
-    """Run ``source`` in a sandboxed child process; passed iff it exits 0 within the limits."""
-    with tempfile.TemporaryDirectory(prefix="speclab-sandbox-") as folder:
-        program = Path(folder) / "program.py"
-        program.write_text(_PRELUDE + "\n" + source, encoding="utf-8")
+    """Run ``source`` with ``python -I -S`` inside the bubblewrap sandbox (see the module docstring);
+    passed iff it exits 0 within ``time_limit_s`` of wall time. Raises ``SandboxUnavailable``
+    where bubblewrap is missing or refused (nothing runs)."""
+    problem = sandbox_problem()
+    if problem:
+        raise SandboxUnavailable(problem)
+    return _run(source, time_limit_s, memory_mb)
+
+
+def _run(source: str, time_limit_s: float, memory_mb: int) -> Outcome:
+    program = os.memfd_create("speclab-program", 0)  # handed to bwrap, which copies it into the sandbox
+    staging = Path(tempfile.mkdtemp(prefix="speclab-sandbox-"))
+    try:
+        os.write(program, source.encode("utf-8", "surrogatepass"))
+        os.lseek(program, 0, os.SEEK_SET)
+        staging.chmod(0o755)  # uid 65534 reaches the helper's binding of the interpreter through it
+        command = _command(program, staging, time_limit_s, memory_mb)
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                   pass_fds=(program,), close_fds=True, start_new_session=True, env={"PATH": "/usr/bin:/bin"})
+        tail = bytearray()
+        reader = threading.Thread(target=_drain, args=(process.stderr, OUTPUT_LIMIT, tail), daemon=True)
+        reader.start()
         try:
-            result = subprocess.run(
-                [sys.executable, "-I", "-S", str(program)], cwd=folder, env={"PATH": "/usr/bin:/bin", "HOME": folder},
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=time_limit_s,
-                preexec_fn=_limits(memory_mb, time_limit_s), close_fds=True,
-            )
-        except subprocess.TimeoutExpired as expired:
-            _kill_group(expired)
-            return Outcome(False, f"timed out after {time_limit_s:g} s")
-        if result.returncode == 0:
-            return Outcome(True, "passed")
-        last = (result.stderr or b"").decode("utf-8", "replace").strip().splitlines()[-1:] or [f"exit status {result.returncode}"]
-        if result.returncode < 0:
-            return Outcome(False, f"killed by signal {-result.returncode} (a limit was hit)")
-        return Outcome(False, last[0][:200])
+            status = process.wait(timeout=time_limit_s)
+        except subprocess.TimeoutExpired:
+            status = None
+        finally:
+            _kill(process)  # ends the sandbox's PID namespace: nothing it started outlives the check
+            reader.join(timeout=5)
+            process.stderr.close()
+    finally:
+        os.close(program)
+        shutil.rmtree(staging, ignore_errors=True)
+    if status is None:
+        return Outcome(False, f"timed out after {time_limit_s:g} s")
+    if status == 0:
+        return Outcome(True, "passed")
+    lines = bytes(tail).decode("utf-8", "replace").strip().splitlines()
+    if status < 0 or status > 128 and not lines:
+        return Outcome(False, f"killed by signal {abs(status) % 128} (a limit was hit)")
+    return Outcome(False, (lines[-1] if lines else f"exit status {status}")[:200])
 
 
-def _kill_group(expired: subprocess.TimeoutExpired) -> None:
-    """``subprocess.run`` killed the child; its session (anything it spawned) goes too."""
-    import signal
-
-    process = getattr(expired, "process", None)
-    if process is not None and process.pid:
+def _kill(process: subprocess.Popen) -> None:
+    """SIGKILL the sandbox's outer process (bwrap): ``--die-with-parent`` takes its PID namespace
+    with it. Then reap it."""
+    if process.poll() is None:
         try:
             os.killpg(process.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
-            pass
+            process.kill()
+    process.wait()
+
+
+@lru_cache(maxsize=1)
+def sandbox_problem() -> str | None:
+    """Why generated code cannot run here, in one line, or ``None``: bubblewrap must be on PATH and
+    able to start a sandbox (tried once per process with a program that checks its own uid)."""
+    if shutil.which(BWRAP) is None:
+        return f"generated code runs only inside bubblewrap, and {BWRAP!r} is not on PATH: {HOW_TO_ENABLE}"
+    try:
+        outcome = _run(f"import os\nraise SystemExit(0 if os.getuid() == {SANDBOX_UID} else 'uid ' + str(os.getuid()))\n", 30.0,
+                       MEMORY_LIMIT_MB)
+    except OSError as error:
+        return f"generated code runs only inside bubblewrap, which could not start ({error.strerror or error}): {HOW_TO_ENABLE}"
+    if outcome.passed:
+        return None
+    return f"generated code runs only inside bubblewrap, which refused to start a sandbox here ({outcome.reason[:120]}): {HOW_TO_ENABLE}"
+
+
+def check_sandbox() -> None:
+    """Raise ``SandboxUnavailable`` (one line, how to enable it) unless generated code can run here."""
+    problem = sandbox_problem()
+    if problem:
+        raise SandboxUnavailable(problem)

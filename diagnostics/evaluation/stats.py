@@ -15,16 +15,13 @@ rule is compared with its matched baseline run (and with lossless) unit by unit.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from diagnostics.evaluation.prompts import score
 from diagnostics.metrics import modelled_speedup, modelled_tree_speedup, verified_acceptance
 
 FIGURES = ("acceptance", "block efficiency", "modelled speed-up", "time s", "TV(P, p)", "TV(P, baseline)", "path KL",
@@ -32,9 +29,10 @@ FIGURES = ("acceptance", "block efficiency", "modelled speed-up", "time s", "TV(
 BOOTSTRAP = 2000
 
 
-def run_figures(run: Any, reduced: dict[str, Any], checker: dict | None, cost: float) -> dict[str, float]:
-    """One run's figures (see the module docstring) from its row and its positions reduced by
-    ``Store.sweep_position_figures``; ``nan`` where a figure does not apply."""
+def run_figures(run: Any, reduced: dict[str, Any], checked: float | None, cost: float) -> dict[str, float]:
+    """One run's figures (see the module docstring) from its row, its positions reduced by
+    ``Store.sweep_position_figures`` and its stored checker score ``checked`` (0 or 1; ``None``
+    when its prompt has no checker or the score is missing); ``nan`` where a figure does not apply."""
     alpha = verified_acceptance(int(reduced["accepted"]), int(reduced["rejected"]))
     depth = int(run["gamma"] or 0)
     efficiency = _number(run["block_efficiency"])
@@ -51,7 +49,7 @@ def run_figures(run: Any, reduced: dict[str, Any], checker: dict | None, cost: f
         "TV(P, baseline)": _number(reduced["tv_baseline"]) if some else float("nan"),
         "path KL": _number(reduced["path_kl"]) if some else float("nan"),
         "log-likelihood": _number(reduced["log_likelihood"]) if some else float("nan"),
-        "accuracy": 100.0 * checked_score(checker, run.get("output_text")) if checker else float("nan"),
+        "accuracy": 100.0 * _number(checked),
         "first divergence": _number(run.get("divergence_position")),
     }
 
@@ -60,30 +58,19 @@ def _number(value: Any) -> float:
     return float("nan") if value is None or pd.isna(value) else float(value)
 
 
-@lru_cache(maxsize=65536)
-def _cached_score(checker_json: str, output: str | None) -> float:
-    return score(json.loads(checker_json), output)
-
-
-def checked_score(checker: dict, output: str | None) -> float:
-    """``prompts.score``, remembered per (checker, output): a HumanEval check runs a sandboxed
-    process, and a page recomputes its table on every click."""
-    return _cached_score(json.dumps(checker, sort_keys=True), output)
-
-
-def sweep_table(store: Any, sweep_id: str, cost: float) -> pd.DataFrame:
+def sweep_table(store: Any, sweep_id: str, cost: float, scores: dict[str, float] | None = None) -> pd.DataFrame:
     """One row per complete run of the sweep: unit, prompt, seed, role, label, the rule a baseline
-    is for, and its figures."""
-    sweep = store.get_sweep(sweep_id)
-    if sweep is None:
+    is for, and its figures. Accuracy comes from the scores stored with the sweep, or from
+    ``scores`` (``run_id → score``, a re-check of this session) where given."""
+    if store.get_sweep(sweep_id) is None:
         raise ValueError(f"there is no sweep {sweep_id!r} in {store.path}")
-    checkers = {item["id"]: item.get("checker") for item in sweep["settings"]["prompts"]}
     reduced = {row["run_id"]: row for row in store.sweep_position_figures(sweep_id).to_dict("records")}
     rows = []
     for run in store.sweep_runs(sweep_id).to_dict("records"):
         if run["status"] != "complete":
             continue
-        figures = run_figures(run, reduced[run["run_id"]], checkers.get(run["prompt_id"]), cost)
+        checked = (scores or {}).get(run["run_id"], run.get("score"))
+        figures = run_figures(run, reduced[run["run_id"]], checked, cost)
         rows.append({"unit": int(run["unit"]), "prompt_id": run["prompt_id"], "seed": int(run["seed"]), "role": run["role"],
                      "label": run["label"], "rule_for": run["rule_for"], "run_id": run["run_id"], **figures})
     return pd.DataFrame(rows)

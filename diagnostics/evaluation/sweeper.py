@@ -11,44 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from diagnostics.comparison import run_group
 from diagnostics.engine import EngineError, PositionRecord
-from diagnostics.evaluation.plan import Member, Unit, expand_rule, unit_members, units
-from diagnostics.evaluation.prompts import PromptItem
-from diagnostics.policy import Policy
+from diagnostics.evaluation.answers import require_sandbox_for, scores_of
+from diagnostics.evaluation.plan import Member, Unit, expand_rule, unit_members
+from diagnostics.evaluation.settings import SHARED_FIELDS, base_request, checkers_of, plan_units, settings_of
 from diagnostics.runner import RunRequest
 from diagnostics.store import Store
-
-# RunRequest fields a sweep shares across its runs (prompt, rule and seed vary by member and unit).
-SHARED_FIELDS = ("draft", "gamma", "max_new_tokens", "raw", "top_k_record", "tree", "tree_children", "tree_budget", "tree_depth", "draft_stop")
-
-
-def settings_of(prompts: list[PromptItem], rules: list[str], seeds: int, base: RunRequest, prompt_file: str) -> dict[str, Any]:
-    """Everything needed to run (and re-run) the sweep, stored with it as JSON."""
-    return {
-        "prompt_file": prompt_file,
-        "prompts": [{"id": item.id, "prompt": item.prompt, "checker": item.checker} for item in prompts],
-        "rules": rules, "seeds": seeds,
-        "request": {**{name: getattr(base, name) for name in SHARED_FIELDS}, "policy": base.policy.as_dict(),
-                    "draft_policy": base.draft_policy.as_dict() if base.draft_policy is not None else None},
-    }
-
-
-def base_request(settings: dict[str, Any]) -> RunRequest:
-    """The shared request stored in ``settings`` (prompt and seed are placeholders)."""
-    shared = dict(settings["request"])
-    policy = Policy(**shared.pop("policy"))
-    draft_policy = shared.pop("draft_policy")
-    return RunRequest(prompt="-", policy=policy, draft_policy=Policy(**draft_policy) if draft_policy else None, **shared)
-
-
-def plan_units(settings: dict[str, Any]) -> list[Unit]:
-    prompts = settings["prompts"]
-    return units([item["id"] for item in prompts], [item["prompt"] for item in prompts], int(settings["seeds"]))
-
 
 def expand_rules(specs: list[str]) -> list[str]:
     """Every ``--rule`` expanded (ranges), in order, without repeats."""
@@ -85,6 +57,7 @@ class SweepPlan:
     base: RunRequest
     rules: list[str]
     finished: set[int]
+    checkers: dict[str, dict[str, Any] | None] = field(default_factory=dict)  # prompt id → checker
 
     def members(self, unit: Unit) -> list[Member]:
         return unit_members(replace(self.base, prompt=unit.prompt, seed=unit.seed), self.rules)
@@ -96,15 +69,18 @@ class SweepPlan:
 
 def open_sweep(store: Store, settings: dict[str, Any], sweep_id: str | None,
                on_open: Callable[[SweepPlan], None] | None = None) -> SweepPlan:
-    """Check every member's settings (before any model work or row), start the sweep (or take up
-    ``sweep_id``), and drop the runs of units that are not done: they run again from the start."""
+    """Check every member's settings and that a checker running generated code has its sandbox
+    (before any model work or row), start the sweep (or take up ``sweep_id``), and drop the runs
+    of units that are not done: they run again from the start."""
     planned = plan_units(settings)
     base = base_request(settings)
     for member in unit_members(replace(base, prompt=planned[0].prompt), settings["rules"]):
         member.request.validate()
+    checkers = checkers_of(settings)
+    require_sandbox_for(checkers)
     if sweep_id is None:
         sweep_id = store.start_sweep(settings, len(planned))
-    plan = SweepPlan(sweep_id, planned, base, list(settings["rules"]), set())
+    plan = SweepPlan(sweep_id, planned, base, list(settings["rules"]), set(), checkers)
     plan.finished = done_units(store, sweep_id, len(plan.members(planned[0])))
     for unit in plan.todo:
         store.drop_sweep_unit(sweep_id, unit.index, unit_group_id(sweep_id, unit))
@@ -115,10 +91,14 @@ def open_sweep(store: Store, settings: dict[str, Any], sweep_id: str | None,
 
 
 def link_unit(store: Store, plan: SweepPlan, unit: Unit, members: list[Member], run_ids: list[str]) -> None:
-    """Link a unit's stored runs to the sweep."""
+    """Link a unit's stored runs to the sweep, each complete run with its checker's score of its
+    output (checked now, once per distinct output; a HumanEval check runs in the sandbox)."""
+    runs = {run_id: store.get_run(run_id) or {} for run_id in run_ids}
+    outputs = {run_id: run.get("output_text") for run_id, run in runs.items() if run.get("status") == "complete"}
+    scores = scores_of(plan.checkers.get(unit.prompt_id), outputs)
     store.add_sweep_runs([
         {"sweep_id": plan.sweep_id, "unit": unit.index, "prompt_id": unit.prompt_id, "seed": unit.seed, "role": member.role,
-         "label": member.label, "rule_for": member.rule_for, "run_id": run_id}
+         "label": member.label, "rule_for": member.rule_for, "run_id": run_id, "score": scores.get(run_id)}
         for member, run_id in zip(members, run_ids)])
 
 

@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from diagnostics.engine import PositionRecord
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # Read-only opens accept files this old: newer schemas only added tables (read as empty) and
 # trailing columns (read as NULL).
 OLDEST_READABLE = 1
@@ -184,8 +184,12 @@ SWEEP_RUN_COLUMNS: dict[str, str] = {
     "label": "VARCHAR",  # the rule spec, or "baseline of SPEC"
     "rule_for": "VARCHAR",  # a baseline: the rule it is the baseline of
     "run_id": "VARCHAR",
+    "score": "DOUBLE",  # schema 6: the checker's score of the run's output (0 or 1), stored when the sweep ran; NULL: none
 }
+# The column schema 6 appended; sweep files of schema 4 and 5 lack it (their scores read as missing).
+SWEEP_RUN_COLUMNS_ADDED_IN_6 = ("score",)
 SWEEP_ROLES = ("lossless", "rule", "baseline")
+SWEEP_RUNS_KEY = ", PRIMARY KEY (sweep_id, run_id)"
 
 
 def create_statement(table: str, columns: dict[str, str], suffix: str = "") -> str:
@@ -200,7 +204,7 @@ CREATE = {
     "tree_rounds": create_statement("tree_rounds", TREE_ROUND_COLUMNS, ", PRIMARY KEY (run_id, block)"),
     "tree_nodes": create_statement("tree_nodes", TREE_NODE_COLUMNS, ", PRIMARY KEY (run_id, block, node)"),
     "sweeps": create_statement("sweeps", SWEEP_COLUMNS),
-    "sweep_runs": create_statement("sweep_runs", SWEEP_RUN_COLUMNS, ", PRIMARY KEY (sweep_id, run_id)"),
+    "sweep_runs": create_statement("sweep_runs", SWEEP_RUN_COLUMNS, SWEEP_RUNS_KEY),
 }
 # Migrations from version N to N + 1, applied in order to older files.
 MIGRATIONS: dict[int, list[str]] = {
@@ -208,8 +212,10 @@ MIGRATIONS: dict[int, list[str]] = {
     2: [*(f"ALTER TABLE runs ADD COLUMN {name} {RUN_COLUMNS[name]}" for name in RUN_COLUMNS_ADDED_IN_3),
         *(f"ALTER TABLE positions ADD COLUMN {name} {POSITION_COLUMNS[name]}" for name in POSITION_COLUMNS_ADDED_IN_3),
         CREATE["tree_rounds"], CREATE["tree_nodes"]],
-    3: [CREATE["sweeps"], CREATE["sweep_runs"]],
+    3: [CREATE["sweeps"], create_statement("sweep_runs", {name: sql for name, sql in SWEEP_RUN_COLUMNS.items()
+                                                          if name not in SWEEP_RUN_COLUMNS_ADDED_IN_6}, SWEEP_RUNS_KEY)],
     4: [f"ALTER TABLE runs ADD COLUMN {name} {RUN_COLUMNS[name]}" for name in RUN_COLUMNS_ADDED_IN_5],
+    5: [f"ALTER TABLE sweep_runs ADD COLUMN {name} {SWEEP_RUN_COLUMNS[name]}" for name in SWEEP_RUN_COLUMNS_ADDED_IN_6],
 }
 
 
@@ -229,7 +235,8 @@ def tables_of(version: int) -> dict[str, dict[str, str]]:
         tables["tree_nodes"] = TREE_NODE_COLUMNS
     if version >= 4:
         tables["sweeps"] = SWEEP_COLUMNS
-        tables["sweep_runs"] = SWEEP_RUN_COLUMNS
+        tables["sweep_runs"] = {name: sql for name, sql in SWEEP_RUN_COLUMNS.items()
+                                if version >= 6 or name not in SWEEP_RUN_COLUMNS_ADDED_IN_6}
     return tables
 
 

@@ -53,13 +53,21 @@ class SweepTables:
             con.execute(f"UPDATE sweeps SET {assignments} WHERE sweep_id = ?", [*values.values(), sweep_id])
 
     def add_sweep_runs(self, rows: list[dict[str, Any]]) -> None:
-        """Link runs to their sweep: unit, prompt id, seed, role, label, the rule a baseline is for."""
+        """Link runs to their sweep: unit, prompt id, seed, role, label, the rule a baseline is for, and
+        the checker's score of the run's output (``None``: no checker, or the run did not finish)."""
         self._writable()
         if not rows:
             return
         with self.connect() as con:
             con.executemany(f"INSERT INTO sweep_runs ({', '.join(SWEEP_RUN_COLUMNS)}) VALUES ({', '.join('?' for _ in SWEEP_RUN_COLUMNS)})",
                             [[row.get(name) for name in SWEEP_RUN_COLUMNS] for row in rows])
+
+    def set_sweep_scores(self, sweep_id: str, scores: dict[str, float]) -> None:
+        """Store checker scores (``run_id → score``) of a sweep's runs, e.g. after a re-check."""
+        self._writable()
+        with self.connect() as con:
+            con.executemany("UPDATE sweep_runs SET score = ? WHERE sweep_id = ? AND run_id = ?",
+                            [[float(value), sweep_id, run_id] for run_id, value in scores.items()])
 
     def drop_sweep_unit(self, sweep_id: str, unit: int, group_id: str | None = None) -> list[str]:
         """Unlink and delete the runs of one unfinished unit (before it is run again on resume): those

@@ -15,7 +15,7 @@ from typing import Any
 
 import duckdb
 
-from diagnostics.store.schema import KINDS, NODE_DECISIONS, STATUSES
+from diagnostics.store.schema import KINDS, NODE_DECISIONS, STATUSES, SWEEP_ROLES
 
 # (what is wrong, a query returning one example row when it is) for runs and positions.
 _RUN_CHECKS: list[tuple[str, str]] = [
@@ -81,14 +81,40 @@ _AUDIT_CHECKS: list[tuple[str, str]] = [
 ]
 
 
+_SWEEP_CHECKS: list[tuple[str, str]] = [
+    ("a sweep has no id, status or settings", "SELECT sweep_id FROM sweeps WHERE sweep_id IS NULL OR status IS NULL OR settings IS NULL LIMIT 1"),
+    ("two sweeps share the id {0}", "SELECT sweep_id FROM sweeps GROUP BY sweep_id HAVING count(*) > 1 LIMIT 1"),
+    ("sweep {0} has an unknown status {1!r}", "SELECT sweep_id, status FROM sweeps WHERE status NOT IN ({statuses}) LIMIT 1"),
+    ("sweep {0} has no unit count, or a count of units done outside 0 … its units",
+     "SELECT sweep_id FROM sweeps WHERE units IS NULL OR units < 1 OR units_done < 0 OR units_done > units LIMIT 1"),
+    ("a run of a sweep has no sweep id, unit, prompt id, seed, role, label or run id",
+     "SELECT sweep_id FROM sweep_runs WHERE sweep_id IS NULL OR unit IS NULL OR prompt_id IS NULL OR seed IS NULL "
+     "OR role IS NULL OR label IS NULL OR run_id IS NULL LIMIT 1"),
+    ("runs of sweep {0} belong to no sweep", "SELECT sweep_id FROM sweep_runs ANTI JOIN sweeps USING (sweep_id) LIMIT 1"),
+    ("sweep {0} links run {1}, which the file does not hold", "SELECT sweep_id, run_id FROM sweep_runs ANTI JOIN runs USING (run_id) LIMIT 1"),
+    ("sweep {0} has a run of unknown role {1!r}", "SELECT sweep_id, role FROM sweep_runs WHERE role NOT IN ({roles}) LIMIT 1"),
+    ("sweep {0} has a run whose unit or seed is outside the sweep's",
+     "SELECT s.sweep_id FROM sweep_runs s JOIN sweeps w USING (sweep_id) WHERE s.unit < 0 OR s.unit >= w.units OR s.seed < 0 LIMIT 1"),
+    ("sweep {0} has two runs labelled {2!r} in unit {1}",
+     "SELECT sweep_id, unit, label FROM sweep_runs GROUP BY sweep_id, unit, label HAVING count(*) > 1 LIMIT 1"),
+    ("sweep {0} has two lossless runs in unit {1}",
+     "SELECT sweep_id, unit FROM sweep_runs WHERE role = 'lossless' GROUP BY sweep_id, unit HAVING count(*) > 1 LIMIT 1"),
+    ("sweep {0} has two baselines of {2!r} in unit {1}",
+     "SELECT sweep_id, unit, rule_for FROM sweep_runs WHERE role = 'baseline' GROUP BY sweep_id, unit, rule_for "
+     "HAVING count(*) > 1 LIMIT 1"),
+    ("sweep {0} gives the label {1!r} more than one role",
+     "SELECT sweep_id, label FROM sweep_runs GROUP BY sweep_id, label HAVING count(DISTINCT role) > 1 LIMIT 1"),
+]
+
+
 def _quoted(values: tuple[str, ...]) -> str:
     return ", ".join(f"'{value}'" for value in values)
 
 
 def _first(con: duckdb.DuckDBPyConnection, checks: list[tuple[str, str]]) -> str | None:
     for message, sql in checks:
-        row = con.execute(sql.format(statuses=_quoted(STATUSES), kinds=_quoted(KINDS),
-                                     decisions=_quoted(NODE_DECISIONS))).fetchone()
+        row = con.execute(sql.format(statuses=_quoted(STATUSES), kinds=_quoted(KINDS), decisions=_quoted(NODE_DECISIONS),
+                                     roles=_quoted(SWEEP_ROLES))).fetchone()
         if row is not None:
             return message.format(*(str(value)[:60] for value in row))
     return None
@@ -173,7 +199,44 @@ def _tree_problem(con: duckdb.DuckDBPyConnection) -> str | None:
 def content_problem(con: duckdb.DuckDBPyConnection, has_audits: bool) -> str | None:
     """The first value a page or report could not show, as a phrase, or ``None``."""
     return (_first(con, _RUN_CHECKS) or _run_values_problem(con) or _draft_stop_problem(con) or _first(con, _POSITION_CHECKS)
-            or _tree_problem(con) or (_audits_problem(con) if has_audits else None))
+            or _tree_problem(con) or (_audits_problem(con) if has_audits else None) or _sweeps_problem(con))
+
+
+def _sweeps_problem(con: duckdb.DuckDBPyConnection) -> str | None:
+    """Sweeps (files of schema 4 on): rows consistent with each other and with the runs, and
+    settings that a page, a report or a resume can use (``settings.check_settings``): prompts,
+    checkers (a known HumanEval task, a regex RE2 compiles), rules, seeds, generation settings.
+    Nothing a file holds is run: a checker is only parsed here."""
+    from diagnostics.evaluation.settings import SweepSettingsError, check_settings
+
+    present = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'sweeps'").fetchone()[0]
+    if not present:
+        return None
+    problem = _first(con, _SWEEP_CHECKS)
+    if problem:
+        return problem
+    has_scores = con.execute("SELECT count(*) FROM information_schema.columns WHERE table_name = 'sweep_runs' "
+                             "AND column_name = 'score'").fetchone()[0]
+    for sweep_id, text, units in con.execute("SELECT sweep_id, settings, units FROM sweeps").fetchall():
+        shown = str(sweep_id)[:60]
+        try:
+            settings = check_settings(json.loads(text))
+        except ValueError as error:  # not JSON, or settings this tool cannot use
+            reason = str(error) if isinstance(error, SweepSettingsError) else "are not JSON"
+            return f"the settings of sweep {shown} {reason}"
+        if len(settings["prompts"]) * settings["seeds"] != units:
+            return f"sweep {shown} plans {units} units, not its prompts × seeds"
+        checked = {item["id"]: item.get("checker") is not None for item in settings["prompts"]}
+        score = "score" if has_scores else "NULL AS score"
+        for prompt_id, seed, value in con.execute(f"SELECT prompt_id, seed, {score} FROM sweep_runs WHERE sweep_id = ?",
+                                                  [sweep_id]).fetchall():
+            if prompt_id not in checked:
+                return f"sweep {shown} has runs of the prompt {str(prompt_id)[:60]!r}, which its settings do not hold"
+            if seed >= settings["seeds"]:
+                return f"sweep {shown} has a run of seed {seed}, beyond its {settings['seeds']} seeds"
+            if value is not None and (not checked[prompt_id] or not 0 <= value <= 1):
+                return f"sweep {shown} has a score {value!r} outside [0, 1] or for a prompt without a checker"
+    return None
 
 
 def _draft_stop_problem(con: duckdb.DuckDBPyConnection) -> str | None:

@@ -1,0 +1,123 @@
+"""A sweep's stored settings: written with the sweep, read back to run or resume it, and checked
+once when a shared file is opened.
+
+``settings`` is a JSON object: ``prompts`` (``[{"id", "prompt", "checker"}]``), ``rules`` (rule
+specs, ranges expanded), ``seeds``, ``request`` (the generation settings every run shares:
+``SHARED_FIELDS``, ``policy``, ``draft_policy``), ``prompt_file`` and ``target``. A shared file's
+settings are untrusted: ``check_settings`` says in one phrase what a page, a report or a resume
+could not use (wrong types, unknown keys, a checker without its fields, a HumanEval task that
+does not exist, a regex RE2 refuses, a rule or drafter that does not parse), and nothing else
+reads settings that did not pass it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from diagnostics.evaluation.plan import Unit, unit_members, units
+from diagnostics.evaluation.prompts import MAX_PROMPTS, PromptItem, PromptSetError, parse_checker
+from diagnostics.policy import Policy
+from diagnostics.runner import RunRequest
+
+# RunRequest fields a sweep shares across its runs (prompt, rule and seed vary by member and unit).
+SHARED_FIELDS = ("draft", "gamma", "max_new_tokens", "raw", "top_k_record", "tree", "tree_children", "tree_budget", "tree_depth", "draft_stop")
+MAX_SEEDS = 100_000
+MAX_UNITS = 10_000_000
+SETTINGS_KEYS = {"prompt_file", "prompts", "rules", "seeds", "request", "target"}
+
+
+class SweepSettingsError(ValueError):
+    """Settings a page, report or resume cannot use; the message says what is wrong."""
+
+
+def settings_of(prompts: list[PromptItem], rules: list[str], seeds: int, base: RunRequest, prompt_file: str) -> dict[str, Any]:
+    """Everything needed to run (and re-run) the sweep, stored with it as JSON."""
+    return {
+        "prompt_file": prompt_file,
+        "prompts": [{"id": item.id, "prompt": item.prompt, "checker": item.checker} for item in prompts],
+        "rules": rules, "seeds": seeds,
+        "request": {**{name: getattr(base, name) for name in SHARED_FIELDS}, "policy": base.policy.as_dict(),
+                    "draft_policy": base.draft_policy.as_dict() if base.draft_policy is not None else None},
+    }
+
+
+def base_request(settings: dict[str, Any]) -> RunRequest:
+    """The shared request stored in ``settings`` (prompt and seed are placeholders)."""
+    shared = dict(settings["request"])
+    policy = Policy(**shared.pop("policy"))
+    draft_policy = shared.pop("draft_policy")
+    return RunRequest(prompt="-", policy=policy, draft_policy=Policy(**draft_policy) if draft_policy else None, **shared)
+
+
+def plan_units(settings: dict[str, Any]) -> list[Unit]:
+    """The sweep's (prompt, seed) units, prompt-major."""
+    prompts = settings["prompts"]
+    return units([item["id"] for item in prompts], [item["prompt"] for item in prompts], int(settings["seeds"]))
+
+
+def checkers_of(settings: dict[str, Any]) -> dict[str, dict[str, Any] | None]:
+    """Each prompt id's checker (``None`` for a prompt without one)."""
+    return {item["id"]: item.get("checker") for item in settings["prompts"]}
+
+
+def check_settings(value: Any) -> dict[str, Any]:
+    """``value`` when it is settings this tool can run, show and resume; else ``SweepSettingsError``
+    with one phrase (completing "the settings of sweep S …")."""
+    if not isinstance(value, dict):
+        raise SweepSettingsError(f"are not a JSON object but {_kind(value)}")
+    unknown = sorted(set(value) - SETTINGS_KEYS)
+    if unknown:
+        raise SweepSettingsError(f"have the unknown key {unknown[0][:40]!r}")
+    for key in ("prompt_file", "target"):
+        if value.get(key) is not None and not isinstance(value[key], str):
+            raise SweepSettingsError(f"have a {key} that is {_kind(value[key])}, not text")
+    prompts = value.get("prompts")
+    if not isinstance(prompts, list) or not prompts:
+        raise SweepSettingsError(f"have no prompts (\"prompts\" is {_kind(prompts)}, not a non-empty list)")
+    if len(prompts) > MAX_PROMPTS:
+        raise SweepSettingsError(f"have more than {MAX_PROMPTS:,} prompts")
+    seen: set[str] = set()
+    for number, item in enumerate(prompts, start=1):
+        where = f"have prompt {number}"
+        if not isinstance(item, dict) or not isinstance(item.get("id"), str) or not isinstance(item.get("prompt"), str) \
+                or not item["prompt"].strip():
+            raise SweepSettingsError(f"{where} without a text \"id\" and a non-empty \"prompt\"")
+        if set(item) - {"id", "prompt", "checker"}:
+            raise SweepSettingsError(f"{where} with the unknown key {sorted(set(item) - {'id', 'prompt', 'checker'})[0][:40]!r}")
+        if item["id"] in seen:
+            raise SweepSettingsError(f"have the prompt id {item['id'][:60]!r} twice")
+        seen.add(item["id"])
+        try:
+            if parse_checker(item.get("checker"), where) != item.get("checker"):
+                raise SweepSettingsError(f"{where} whose checker has keys of no checker")
+        except PromptSetError as error:
+            raise SweepSettingsError(str(error)) from None
+    seeds = value.get("seeds")
+    if not isinstance(seeds, int) or isinstance(seeds, bool) or not 1 <= seeds <= MAX_SEEDS:
+        raise SweepSettingsError(f"have seeds {_shown(seeds)}, not a whole number from 1 to {MAX_SEEDS:,}")
+    if len(prompts) * seeds > MAX_UNITS:
+        raise SweepSettingsError(f"plan more than {MAX_UNITS:,} units")
+    rules = value.get("rules")
+    if not isinstance(rules, list) or not rules or not all(isinstance(rule, str) for rule in rules):
+        raise SweepSettingsError("have no rules (\"rules\" must be a non-empty list of rule specs)")
+    request = value.get("request")
+    if not isinstance(request, dict) or set(request) != {*SHARED_FIELDS, "policy", "draft_policy"}:
+        raise SweepSettingsError("have generation settings (\"request\") without exactly this tool's fields")
+    try:
+        if not isinstance(request["policy"], dict) or not isinstance(request["draft_policy"], (dict, type(None))):
+            raise ValueError("a policy is not a JSON object")
+        base = replace(base_request(value), prompt=prompts[0]["prompt"])
+        for member in unit_members(base, rules):
+            member.request.validate()
+    except (ValueError, TypeError, AttributeError) as error:
+        raise SweepSettingsError(f"cannot be run: {str(error).splitlines()[0][:120] if str(error) else error.__class__.__name__}") from None
+    return value
+
+
+def _kind(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "text", type(None): "null", bool: "true or false"}.get(type(value), "a number")
+
+
+def _shown(value: Any) -> str:
+    return repr(value)[:40]

@@ -1,0 +1,289 @@
+"""Escape attempts against the HumanEval checker, run through the path a sweep uses
+(``prompts.humaneval_outcome`` → ``humaneval_program`` → ``sandbox.run_program``).
+
+Each attack is a model "reply": a code block with the attack, then HumanEval/0's canonical
+solution. The attack returns True when it got out (read a secret, reached the host, ...); a
+contained attack raises ``SystemExit`` before the solution, so **the check passes exactly when the
+attack escaped**. The canonical solution alone passes, so a failed check is the sandbox holding,
+not the sandbox failing to run anything. Some attacks are judged from outside as well: a marker
+file, a daemon still alive, a connection or a signal that reached this process, this process's
+memory.
+
+Run as a script (``python sandbox_attacks.py sandbox|naive OUT.json``) so that this process's
+environment holds a secret from its start (``/proc/PID/environ`` shows only that) and its peak
+memory is its own. ``naive`` replaces the sandbox by a plain child process, as the project had
+before (the negative control: each attack it runs must get out there, proving the attack works).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SECRET_VARIABLE = "SPECLAB_ATTACK_SECRET"
+TASK = "HumanEval/0"
+TIME_LIMIT_S = 3.0
+
+# name → (attack body returning True when it escaped, also run under the naive control).
+# {marker}, {database}, {port}, {pid}, {secret}, {token}, {megabytes} are filled in.
+ATTACKS: dict[str, tuple[str, bool]] = {
+    "stderr_1gb": ("""
+import sys
+block = "x" * (1 << 20)
+for _ in range({megabytes}):
+    sys.stderr.write(block)
+sys.stderr.write("\\n")
+raise SystemExit("wrote it all")
+""", True),
+    "read_shadow": ("""
+try:
+    return len(open("/etc/shadow").read()) > 0
+except OSError:
+    return False
+""", True),
+    "read_database": ("""
+try:
+    return open({database!r}, "rb").read(4096).find(b"DUCK") >= 0
+except OSError:
+    return False
+""", True),
+    "read_parent_environ": ("""
+import os
+for name in os.listdir("/proc"):
+    try:
+        if {secret!r}.encode() in open(f"/proc/{{name}}/environ", "rb").read():
+            return True
+    except OSError:
+        pass
+return False
+""", True),
+    "write_outside": ("""
+try:
+    with open({marker!r}, "w") as handle:
+        handle.write("escaped")
+    return True
+except OSError:
+    return False
+""", True),
+    "fill_the_disk": ("""
+import os
+written = 0
+block = b"x" * (1 << 20)
+for folder in (".", "/", "/sandbox", "/usr/lib", "/dev", "/proc"):
+    for index in range(200):
+        try:
+            with open(os.path.join(folder, f"fill{{index}}"), "wb") as handle:
+                for _ in range(8):
+                    handle.write(block)
+                    written += len(block)
+        except OSError:
+            break
+        if written >= 96 << 20:
+            return True
+return False
+""", True),
+    "signal_the_parent": ("""
+import os, signal
+try:
+    os.kill({pid}, signal.SIGUSR1)
+    return True
+except OSError:
+    return False
+""", True),
+    "socket_connect": ("""
+import socket
+try:
+    socket.create_connection(("127.0.0.1", {port}), timeout=2).close()
+    return True
+except OSError:
+    return False
+""", True),
+    "_socket_connect": ("""
+import _socket
+try:
+    raw = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+    raw.settimeout(2)
+    raw.connect(("127.0.0.1", {port}))
+    return True
+except OSError:
+    return False
+""", True),
+    "ctypes_connect": ("""
+import ctypes, struct
+libc = ctypes.CDLL(None, use_errno=True)
+fd = libc.socket(2, 1, 0)
+if fd < 0:
+    return False
+address = struct.pack("=H", 2) + struct.pack("!H", {port}) + bytes([127, 0, 0, 1]) + bytes(8)
+return libc.connect(fd, address, len(address)) == 0
+""", True),
+    "double_fork_daemon": ("""
+import os, sys
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(120)", {token!r}])
+    os._exit(0)
+os.wait()
+return True
+""", True),
+    "subprocess_and_fork": ("""
+import os, subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", {token!r}])
+pid = os.fork()
+if pid == 0:
+    import time
+    time.sleep(120)
+    os._exit(0)
+return True
+""", False),
+    "fork_bomb": ("""
+import os
+while True:
+    try:
+        os.fork()
+    except OSError:
+        pass
+""", False),
+    "infinite_recursion": ("""
+import sys
+sys.setrecursionlimit(10 ** 8)
+def deeper(depth):
+    return deeper(depth + 1) + 1
+deeper(0)
+return True
+""", False),
+    "ignore_sigterm": ("""
+import os, signal
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if os.fork() == 0:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+while True:
+    pass
+""", False),
+    "memory_bomb": ("""
+try:
+    hoard = bytearray(8 << 30)
+    return True
+except MemoryError:
+    return False
+""", False),
+}
+
+
+def reply(body: str, values: dict[str, object]) -> str:
+    """A fenced reply: the attack in a function, its verdict, then the canonical solution."""
+    from diagnostics.evaluation.prompts import humaneval_problems
+
+    problem = humaneval_problems()[TASK]
+    attack = "\n".join("    " + line for line in body.format(**values).strip().splitlines())
+    return (f"```python\ndef _attack():\n{attack}\n\nif not _attack():\n    raise SystemExit('contained')\n\n"
+            f"{problem['prompt']}{problem['canonical_solution']}```\n")
+
+
+def naive_run_program(source: str, time_limit_s: float = 10.0, memory_mb: int = 0):
+    """The control: a plain child process in a temporary folder (what the project had before,
+    without even its limits)."""
+    from diagnostics.evaluation.sandbox import Outcome
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "program.py"
+        path.write_text(source, encoding="utf-8")
+        try:
+            result = subprocess.run([sys.executable, "-I", "-S", str(path)], cwd=folder, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.PIPE, timeout=time_limit_s)
+        except subprocess.TimeoutExpired:
+            return Outcome(False, "timed out")
+    return Outcome(result.returncode == 0, (result.stderr or b"").decode(errors="replace")[-200:])
+
+
+def survivors(token: str) -> list[int]:
+    """Processes of this machine whose command line holds ``token`` or runs a sandboxed program."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            command = Path(f"/proc/{name}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if token.encode() in command or b"/sandbox/program.py" in command:
+            found.append(int(name))
+    return found
+
+
+class Listener:
+    """A TCP server on this machine's loopback that counts the connections it accepts."""
+
+    def __init__(self) -> None:
+        self.server = socket.socket()
+        self.server.bind(("127.0.0.1", 0))
+        self.server.listen(16)
+        self.port = self.server.getsockname()[1]
+        self.accepted = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                connection, _ = self.server.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            connection.close()
+
+
+def main(mode: str, output: str, names: list[str]) -> None:
+    import diagnostics.evaluation.sandbox as sandbox
+    from diagnostics.evaluation.prompts import humaneval_outcome
+    from diagnostics.store import Store
+
+    if mode == "naive":
+        sandbox.run_program = naive_run_program
+    signals = []
+    signal.signal(signal.SIGUSR1, lambda *_: signals.append(1))
+    listener = Listener()
+    folder = Path(tempfile.mkdtemp(prefix="speclab-attacks-"))
+    database = Store(folder / "secret.duckdb").path
+    results = {}
+    for name in names:
+        body, in_naive = ATTACKS[name]
+        if mode == "naive" and not in_naive:
+            continue
+        token = f"speclab-attack-{name}-{os.getpid()}"
+        marker = folder / f"marker-{name}"
+        values = {"marker": str(marker), "database": str(database), "port": listener.port, "pid": os.getpid(),
+                  "secret": os.environ[SECRET_VARIABLE], "token": token,
+                  "megabytes": 1024 if mode == "sandbox" else 256}
+        accepted, received = listener.accepted, len(signals)
+        peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        started = time.monotonic()
+        outcome = humaneval_outcome(TASK, reply(body, values), time_limit_s=TIME_LIMIT_S)
+        elapsed = time.monotonic() - started
+        time.sleep(0.2)  # a signal or connection in flight arrives
+        alive = survivors(token)
+        for pid in alive:  # the control leaves them: clean up
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        results[name] = {"passed": outcome.passed, "reason": outcome.reason, "seconds": round(elapsed, 2),
+                         "marker": marker.exists(), "survivors": len(alive), "connections": listener.accepted - accepted,
+                         "signals": len(signals) - received,
+                         "peak_growth_mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_before) / 1024}
+    Path(output).write_text(json.dumps(results), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    main(sys.argv[1], sys.argv[2], sys.argv[3:] or list(ATTACKS))
