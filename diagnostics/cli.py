@@ -452,6 +452,8 @@ def _command_sweep(args: argparse.Namespace) -> int:
     and one verdict line per rule on stderr."""
     from diagnostics.cost import draft_cost_ratio
     from diagnostics.evaluation.prompts import load_prompts
+    from diagnostics.evaluation.answers import require_sandbox_for
+    from diagnostics.evaluation.settings import checkers_of
     from diagnostics.evaluation.sweeper import base_request, expand_rules, plan_units, run_sweep, settings_of
     from diagnostics.models import load_draft, load_model
     from diagnostics.runner import encode_prompt
@@ -495,6 +497,7 @@ def _command_sweep(args: argparse.Namespace) -> int:
         store, sweep_id = Store(args.db), None
     base = base_request(settings)
     plan_units(settings)  # checks the seeds
+    require_sandbox_for(checkers_of(settings))  # before loading any model: HumanEval checks need bubblewrap
     on_terminal, quiet = _progress_wanted(args), getattr(args, "no_progress", False)
     opened: list[str] = []
 

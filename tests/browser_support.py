@@ -45,12 +45,30 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+# Streamlit started under an audit hook that writes every process the server starts (Python's
+# audit events for subprocesses, exec, fork and spawn) to a log: what a page ran is visible.
+_SPAWN_LOGGER = """\
+import sys
+log = open(sys.argv[1], "a", buffering=1, encoding="utf-8")
+EVENTS = {"subprocess.Popen", "os.exec", "os.posix_spawn", "os.spawn", "os.system", "os.fork", "os.forkpty"}
+def hook(event, args):
+    if event in EVENTS:
+        log.write(event + " " + repr(args)[:400] + "\\n")
+sys.addaudithook(hook)
+sys.argv = ["streamlit", *sys.argv[2:]]
+from streamlit.web.cli import main
+main()
+"""
+
+
 @contextmanager
-def streamlit_server(env: dict[str, str] | None = None) -> Iterator[str]:
-    """Run the app headless on localhost; yield its URL; stop it afterwards."""
+def streamlit_server(env: dict[str, str] | None = None, spawn_log: Path | None = None) -> Iterator[str]:
+    """Run the app headless on localhost; yield its URL; stop it afterwards. ``spawn_log``: record
+    there every process the server starts."""
     port = _free_port()
+    launcher = [sys.executable, "-c", _SPAWN_LOGGER, str(spawn_log)] if spawn_log else [sys.executable, "-m", "streamlit"]
     command = [
-        sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"),
+        *launcher, "run", str(ROOT / "app.py"),
         "--server.headless", "true", "--server.port", str(port), "--server.address", "127.0.0.1",
         "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
     ]
@@ -118,3 +136,18 @@ def settled(page, timeout_ms: int = 60_000) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"the page did not settle in {timeout_ms / 1000:.0f} s")
         page.wait_for_timeout(100)
+
+
+def select_first_row(page, grid, attempts: int = 3) -> None:
+    """Click the first row's marker in a Streamlit data grid until the page says one row is selected
+    (a click while the grid is still drawing its rows is lost: seen when a server starts cold)."""
+    for _ in range(attempts):
+        settled(page)
+        box = grid.bounding_box()
+        page.mouse.click(box["x"] + 14, box["y"] + 52)
+        try:
+            page.get_by_text("1 selected").first.wait_for(timeout=10_000)
+            return
+        except Exception:  # noqa: BLE001 - Playwright's timeout: try the click again
+            page.wait_for_timeout(500)
+    raise AssertionError("the grid's first row could not be selected")

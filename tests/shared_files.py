@@ -12,6 +12,8 @@ import duckdb
 from diagnostics.audit import audit_recorded_run
 from diagnostics.audit.reporting import summary_line
 from diagnostics.audit.suite import run_engine_audit, run_rule_audit, tiny_setup
+from diagnostics.evaluation.prompts import PromptItem
+from diagnostics.evaluation.settings import settings_of
 from diagnostics.models import load_model
 from diagnostics.runner import RunRequest, compare_rules, record_run
 from diagnostics.store import Store, export_runs
@@ -25,6 +27,15 @@ PAYLOAD = ("PWN **PWNBOLD** [PWNLINK](http://127.0.0.1:9/link) ![PWNIMG](http://
 HOSTILE_RUN_ID = "r1 ![PWNIMG](http://127.0.0.1:9/id.png) <b>x</b>"
 HOSTILE_AUDIT_ID = "a1 [PWNLINK](http://127.0.0.1:9/a)"
 HOSTILE_GROUP_ID = "g1 **PWNBOLD**"
+HOSTILE_SWEEP_ID = "s1 **PWNBOLD** [PWNLINK](http://127.0.0.1:9/s)"
+SWEEP_ID = "sw1"
+# The real export's sweep: its group (lossless, lenience:0.1, seed 2) is unit 2 of prompt p0.
+SWEEP_SETTINGS = {
+    **settings_of([PromptItem("p0", "w1 w2 w3 w1 w2", {"type": "regex", "pattern": "w1"}),
+                   PromptItem("p1", "w2 w3", {"type": "exact", "answer": "w3"})], ["lenience:0.1"], 3,
+                  RunRequest(prompt="-", draft="ngram:2", gamma=3, max_new_tokens=14, raw=True), "shared.jsonl"),
+    "target": "tiny",
+}
 
 
 @dataclass
@@ -33,6 +44,7 @@ class RealExport:
     run_ids: list[str]  # a coupled group: lossless, then lenience:0.1
     audit_ids: list[str]  # recorded (of the first run), rule, engine
     tree_run_id: str | None = None  # a tree run (lenience:0.5, tree 2,2), outside the group
+    sweep_id: str | None = None  # a sweep linking the group, with its checker scores
 
 
 def real_export(folder: Path, tiny_folder: str) -> RealExport:
@@ -52,7 +64,25 @@ def real_export(folder: Path, tiny_folder: str) -> RealExport:
     for result in (run_rule_audit("residual_softmax", samples=2_000).as_dict(),
                    run_engine_audit("ours", tiny_setup(), generations=20, max_new_tokens=4).as_dict()):
         audit_ids.append(shared.add_audit(result, summary_line(result)))
-    return RealExport(path, run_ids, audit_ids, tree_run_id)
+    _add_sweep(path, run_ids)
+    return RealExport(path, run_ids, audit_ids, tree_run_id, SWEEP_ID)
+
+
+def _add_sweep(path: Path, run_ids: list[str]) -> None:
+    """The group as unit 2 of a sweep (prompt p0, seed 2), scored by p0's regex checker as a sweep
+    stores it (exports do not carry sweeps: a shared sweep is a whole database someone sent)."""
+    import json
+
+    from diagnostics.evaluation.prompts import score
+
+    with duckdb.connect(str(path)) as con:
+        con.execute("INSERT INTO sweeps VALUES (?, now()::TIMESTAMP, now()::TIMESTAMP, 'interrupted', ?, 6, 1, NULL, '0.1.0')",
+                    [SWEEP_ID, json.dumps(SWEEP_SETTINGS, sort_keys=True)])
+        for run_id, label in zip(run_ids, ("lossless", "lenience:0.1")):
+            output = con.execute("SELECT output_text FROM runs WHERE run_id = ?", [run_id]).fetchone()[0]
+            con.execute("INSERT INTO sweep_runs VALUES (?, 2, 'p0', 2, ?, ?, NULL, ?, ?)",
+                        [SWEEP_ID, "lossless" if label == "lossless" else "rule", label, run_id,
+                         score(SWEEP_SETTINGS["prompts"][0]["checker"], output)])
 
 
 def _copy(base: RealExport, path: Path) -> Path:
@@ -60,7 +90,7 @@ def _copy(base: RealExport, path: Path) -> Path:
     return path
 
 
-def hostile_export(base: RealExport, path: Path) -> RealExport:
+def hostile_export(base: RealExport, path: Path, marker: Path | None = None) -> RealExport:
     """The real export with the payload in every text a page or report shows: prompt, models,
     output, errors, ids (run, group, audit), token texts, audit implementation, summary and
     every string inside the evidence. Values a validated file must keep parseable (rule specs,
@@ -75,7 +105,7 @@ def hostile_export(base: RealExport, path: Path) -> RealExport:
         con.execute("UPDATE tree_nodes SET token_text = ?", [PAYLOAD])
         for index, run_id in enumerate(base.run_ids):
             new = HOSTILE_RUN_ID if index == 0 else f"r{index} {quoted[:40]}"
-            for table in ("runs", "positions", "audits"):
+            for table in ("runs", "positions", "audits", "sweep_runs"):
                 con.execute(f"UPDATE {table} SET run_id = ? WHERE run_id = ?", [new, run_id])
         con.execute("UPDATE runs SET group_id = ? WHERE group_id IS NOT NULL", [HOSTILE_GROUP_ID])
         rows = con.execute("SELECT audit_id, evidence FROM audits").fetchall()
@@ -86,7 +116,29 @@ def hostile_export(base: RealExport, path: Path) -> RealExport:
             new_id = HOSTILE_AUDIT_ID if index == 0 else f"a{index} {PAYLOAD[:30]}"
             con.execute("UPDATE audits SET audit_id = ?, implementation = ?, summary = ?, evidence = ? WHERE audit_id = ?",
                         [new_id, PAYLOAD, PAYLOAD, json.dumps(hostile), audit_id])
-    return RealExport(path, [HOSTILE_RUN_ID, f"r1 {quoted[:40]}"], [HOSTILE_AUDIT_ID], base.tree_run_id)
+        _hostile_sweep(con, marker or path.with_name(path.stem + "-ran"))
+    return RealExport(path, [HOSTILE_RUN_ID, f"r1 {quoted[:40]}"], [HOSTILE_AUDIT_ID], base.tree_run_id, HOSTILE_SWEEP_ID)
+
+
+def hostile_code(marker: Path) -> str:
+    """A reply whose code, if anything ran it outside a sandbox, would create ``marker``."""
+    return (f"\n```python\nopen({str(marker)!r}, 'w').write('ran')\n"
+            "def has_close_elements(numbers, threshold):\n    return False\n```\n")
+
+
+def _hostile_sweep(con, marker: Path) -> None:
+    """The sweep of a hostile file: payloads in its id, prompt file, prompt ids, prompts and labels;
+    a HumanEval checker over outputs that hold code (``hostile_code``), with no stored scores so that
+    a page would be tempted to check them; a second prompt with a catastrophic regex."""
+    import json
+
+    prompts = [{"id": PAYLOAD, "prompt": PAYLOAD, "checker": {"type": "humaneval", "task_id": "HumanEval/0"}},
+               {"id": "redos " + PAYLOAD[:40], "prompt": PAYLOAD, "checker": {"type": "regex", "pattern": "^(a+)+$"}}]
+    settings = {**SWEEP_SETTINGS, "prompt_file": PAYLOAD, "target": PAYLOAD, "prompts": prompts}
+    con.execute("UPDATE sweeps SET sweep_id = ?, settings = ?, units = 6, error = ?", [HOSTILE_SWEEP_ID, json.dumps(settings), PAYLOAD])
+    con.execute("UPDATE sweep_runs SET sweep_id = ?, prompt_id = ?, score = NULL", [HOSTILE_SWEEP_ID, PAYLOAD])
+    con.execute("UPDATE sweep_runs SET label = ? WHERE role = 'rule'", ["lenience:0.1 " + PAYLOAD])
+    con.execute("UPDATE runs SET output_text = output_text || ? WHERE run_id IN (SELECT run_id FROM sweep_runs)", [hostile_code(marker)])
 
 
 def _json(text: str) -> str:
@@ -150,6 +202,96 @@ DEFECTS: list[tuple[str, list[str], str]] = [
     ("negative divergence", ["UPDATE runs SET divergence_position = -1"], "refused: negative gamma, seed, token budget or divergence position"),
     ("audit of a missing run", ["UPDATE audits SET run_id = 'nobody' WHERE layer = 'recorded'"], "renders"),
 ]
+
+
+def _settings_sql(change) -> list[str]:
+    """An UPDATE giving the sweep the real export's settings with ``change`` applied (a function of a
+    copy of them, returning the new JSON value)."""
+    import copy
+    import json
+
+    value = change(copy.deepcopy(SWEEP_SETTINGS))
+    return [f"UPDATE sweeps SET settings = '{json.dumps(value).replace(chr(39), chr(39) * 2)}'"]
+
+
+def _with(key: str, value):
+    return lambda settings: {**settings, key: value}
+
+
+def _prompt0(**fields):
+    def change(settings):
+        settings["prompts"][0].update(fields)
+        return settings
+    return change
+
+
+# One defect per file in the real export's sweep (settings and links), as DEFECTS: a shared sweep
+# must be refused with one line, or render on the Sweeps page and in ``report --sweep``.
+SWEEP_DEFECTS: list[tuple[str, list[str], str]] = [
+    ("settings not JSON", ["UPDATE sweeps SET settings = '{\"prompts\": ['"], "refused: the settings of sweep sw1 are not JSON"),
+    ("settings {}", ["UPDATE sweeps SET settings = '{}'"], "refused: the settings of sweep sw1 have no prompts"),
+    ("settings a list", ["UPDATE sweeps SET settings = '[1, 2]'"], "refused: the settings of sweep sw1 are not a JSON object but a list"),
+    ("settings null", ["UPDATE sweeps SET settings = 'null'"], "refused: are not a JSON object but null"),
+    ("settings with an unknown key", _settings_sql(_with("evil", 1)), "refused: have the unknown key 'evil'"),
+    ("null prompts", _settings_sql(_with("prompts", None)), "refused: have no prompts (\"prompts\" is null"),
+    ("a prompt that is a number", _settings_sql(_with("prompts", [7])), "refused: have prompt 1 without a text \"id\""),
+    ("a null prompt text", _settings_sql(_prompt0(prompt=None)), "refused: have prompt 1 without a text \"id\" and a non-empty \"prompt\""),
+    ("a prompt id twice", _settings_sql(lambda s: {**s, "prompts": [s["prompts"][0], {**s["prompts"][1], "id": "p0"}]}),
+     "refused: have the prompt id 'p0' twice"),
+    ("a checker without type", _settings_sql(_prompt0(checker={"pattern": "w1"})), "refused: checker must be an object with type"),
+    ("an exact checker without answer", _settings_sql(_prompt0(checker={"type": "exact"})), 'refused: needs a non-empty "answer" string'),
+    ("a regex checker without pattern", _settings_sql(_prompt0(checker={"type": "regex"})), 'refused: needs a non-empty "pattern" string'),
+    ("a regex that does not compile", _settings_sql(_prompt0(checker={"type": "regex", "pattern": "(w1"})), "refused: is not valid RE2 syntax"),
+    ("a regex that is not text", _settings_sql(_prompt0(checker={"type": "regex", "pattern": ["w1"]})),
+     'refused: needs a non-empty "pattern" string'),
+    ("a regex with a backreference", _settings_sql(_prompt0(checker={"type": "regex", "pattern": "(w)\\1"})),
+     "refused: RE2 has no backreferences"),
+    ("a checker with extra keys", _settings_sql(_prompt0(checker={"type": "regex", "pattern": "w1", "code": "import os"})),
+     "refused: whose checker has keys of no checker"),
+    ("an unknown HumanEval task", _settings_sql(_prompt0(checker={"type": "humaneval", "task_id": "HumanEval/9999"})),
+     'refused: needs a known "task_id"'),
+    ("an unknown rule", _settings_sql(_with("rules", ["magic:3"])), "refused: the settings of sweep sw1 cannot be run: unknown rule"),
+    ("rules not a list", _settings_sql(_with("rules", "lenience:0.1")), "refused: have no rules"),
+    ("null seeds", _settings_sql(_with("seeds", None)), "refused: have seeds None, not a whole number"),
+    ("seeds as text", _settings_sql(_with("seeds", "3")), "refused: have seeds '3', not a whole number"),
+    ("no generation settings", _settings_sql(_with("request", None)), "refused: have generation settings"),
+    ("a policy that is a list", _settings_sql(lambda s: {**s, "request": {**s["request"], "policy": [1]}}),
+     "refused: the settings of sweep sw1 cannot be run"),
+    ("an unknown drafter", _settings_sql(lambda s: {**s, "request": {**s["request"], "draft": "telepathy:9"}}),
+     "refused: the settings of sweep sw1 cannot be run"),
+    ("a target that is a list", _settings_sql(_with("target", ["x"])), "refused: have a target that is a list"),
+    ("null unit", ["UPDATE sweep_runs SET unit = NULL WHERE role = 'lossless'"], "refused: a run of a sweep has no sweep id, unit"),
+    ("null seed", ["UPDATE sweep_runs SET seed = NULL"], "refused: a run of a sweep has no sweep id, unit, prompt id, seed"),
+    ("unknown role", ["UPDATE sweep_runs SET role = 'judge' WHERE role = 'rule'"], "refused: has a run of unknown role 'judge'"),
+    ("a linked run the file lacks", ["UPDATE sweep_runs SET run_id = 'nobody' WHERE role = 'rule'"],
+     "refused: links run nobody, which the file does not hold"),
+    ("links of no sweep", ["UPDATE sweep_runs SET sweep_id = 'ghost'"], "refused: runs of sweep ghost belong to no sweep"),
+    ("unknown sweep status", ["UPDATE sweeps SET status = 'exploded'"], "refused: sweep sw1 has an unknown status 'exploded'"),
+    ("more units done than planned", ["UPDATE sweeps SET units_done = 9"], "refused: a count of units done outside"),
+    ("units that are not prompts × seeds", ["UPDATE sweeps SET units = 4"], "refused: plans 4 units, not its prompts × seeds"),
+    ("a unit beyond the sweep's", ["UPDATE sweep_runs SET unit = 99 WHERE role = 'rule'"], "refused: unit or seed is outside"),
+    ("a prompt id the settings lack", ["UPDATE sweep_runs SET prompt_id = 'p9'"], "refused: which its settings do not hold"),
+    ("a score of 7", ["UPDATE sweep_runs SET score = 7 WHERE role = 'rule'"], "refused: has a score 7.0 outside [0, 1]"),
+    ("two lossless runs in a unit", ["UPDATE sweep_runs SET role = 'lossless', label = 'lossless 2' WHERE role = 'rule'"],
+     "refused: two lossless runs in unit 2"),
+    ("a catastrophic regex", _settings_sql(_prompt0(checker={"type": "regex", "pattern": "^(a+)+$"}))
+     + ["UPDATE runs SET output_text = repeat('a', 50000) || '!'", "UPDATE sweep_runs SET score = NULL"], "renders"),
+    ("a sweep with no runs", ["DELETE FROM sweep_runs"], "renders"),
+    ("scores missing (an older version's sweep)", ["UPDATE sweep_runs SET score = NULL"], "renders"),
+]
+
+
+def sweep_corpus(base: RealExport, folder: Path) -> list[tuple[str, Path, str]]:
+    """``(defect, path, expectation)`` for every entry of ``SWEEP_DEFECTS``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    corpus = []
+    for index, (name, statements, expectation) in enumerate(SWEEP_DEFECTS):
+        path = _copy(base, folder / f"sweep{index:02d}.duckdb")
+        with duckdb.connect(str(path)) as con:
+            for statement in statements:
+                con.execute(statement)
+        corpus.append((name, path, expectation))
+    return corpus
 
 
 def malformed_corpus(base: RealExport, folder: Path) -> list[tuple[str, Path, str]]:

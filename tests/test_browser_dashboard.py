@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from browser_support import ARTIFACTS, chromium, chromium_path, settled, shot, streamlit_server
+from browser_support import ARTIFACTS, chromium, chromium_path, select_first_row, settled, shot, streamlit_server
 from tiny_models import save_tiny_model
 
 from diagnostics.engine import PositionRecord
@@ -149,9 +149,7 @@ def test_download_report_and_open_it_offline(setup, browser, tmp_path: Path) -> 
     grid = page.locator('[data-testid="stDataFrame"]').first
     grid.wait_for(timeout=30_000)
     _shot(page, "runs")
-    # Select the first row through the grid's row-marker column.
-    box = grid.bounding_box()
-    page.mouse.click(box["x"] + 14, box["y"] + 52)
+    select_first_row(page, grid)
     page.get_by_role("button", name="Build report (HTML)").click()  # built on request, not on selection
     page.get_by_role("button", name="Download report (HTML)").wait_for(timeout=30_000)
     with page.expect_download() as download:

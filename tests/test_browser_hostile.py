@@ -1,4 +1,5 @@
-"""A hostile shared file and hostile URLs in a real browser: every page shows the payload as text.
+"""A hostile shared file and hostile URLs in a real browser: every page shows the payload as text,
+and nothing in the file runs.
 
 The file carries a payload (Markdown link, image and emphasis, a formula, autolinks, a colour
 directive, HTML with a script and an image, terminal escapes) in every text column, in token
@@ -18,8 +19,8 @@ from urllib.parse import quote
 
 import duckdb
 import pytest
-from browser_support import ARTIFACTS, CHROMIUM_ARGS, chromium_path, streamlit_server
-from shared_files import HOSTILE_AUDIT_ID, HOSTILE_GROUP_ID, HOSTILE_RUN_ID, hostile_export, real_export
+from browser_support import ARTIFACTS, CHROMIUM_ARGS, chromium_path, select_first_row, streamlit_server
+from shared_files import HOSTILE_AUDIT_ID, HOSTILE_GROUP_ID, HOSTILE_RUN_ID, HOSTILE_SWEEP_ID, hostile_export, real_export
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 
@@ -35,15 +36,18 @@ RENDERED = ("a:not([href^='/']):has-text('PWN'), a[href*='127.0.0.1:9'], a[href*
 def setup(tmp_path_factory, tiny_folder: str) -> Iterator[dict]:
     chromium_path()
     folder = tmp_path_factory.mktemp("hostile")
-    hostile = hostile_export(real_export(folder / "base", tiny_folder), folder / "hostile.duckdb")
+    marker = folder / "payload-ran"  # what the hostile sweep's code would create, run anywhere but the sandbox
+    hostile = hostile_export(real_export(folder / "base", tiny_folder), folder / "hostile.duckdb", marker)
     own = folder / "own.duckdb"  # the same file as the user's own database: deep links reach every run
     shutil.copyfile(hostile.path, own)
     refused = folder / "refused.duckdb"  # the same file with one defect: a schema version that is not a number
     shutil.copyfile(hostile.path, refused)
     with duckdb.connect(str(refused)) as con:
         con.execute("UPDATE meta SET value = 'two'")
-    with streamlit_server({"SPECLAB_DB": str(own), "SPECLAB_TARGET": "default"}) as url:
-        yield {"url": url, "file": hostile.path, "refused": refused}
+    spawn_log = folder / "spawned.log"
+    spawn_log.touch()
+    with streamlit_server({"SPECLAB_DB": str(own), "SPECLAB_TARGET": "default"}, spawn_log=spawn_log) as url:
+        yield {"url": url, "file": hostile.path, "refused": refused, "marker": marker, "spawn_log": spawn_log}
 
 
 @pytest.fixture
@@ -112,8 +116,7 @@ def test_every_page_shows_a_hostile_database_as_text(setup, page) -> None:
     _open(page, f"{url}/runs", "Runs")
     grid = page.locator('[data-testid="stDataFrame"]').first
     grid.wait_for(timeout=30_000)
-    box = grid.bounding_box()
-    page.mouse.click(box["x"] + 14, box["y"] + 52)  # select the first row
+    select_first_row(page, grid)
     page.get_by_role("button", name="Build report (HTML)").click()
     page.get_by_role("button", name="Download report (HTML)").wait_for(timeout=30_000)
     _inert(page, "runs", url)
@@ -153,3 +156,44 @@ def test_a_hostile_file_opened_through_the_runs_page(setup, page) -> None:
         page.locator('[data-testid="stSidebarNav"]').get_by_text(title, exact=True).click()
         page.get_by_role("heading", name=heading).first.wait_for(timeout=60_000)
         _inert(page, f"import_{title.lower()}", url)
+
+
+def _sandbox_spawns(setup) -> list[str]:
+    """What the server started that runs generated code: bubblewrap, or its helper."""
+    lines = setup["spawn_log"].read_text(encoding="utf-8").splitlines()
+    return [line for line in lines if "bwrap" in line or "'-I', '-S'" in line]
+
+
+def test_a_hostile_sweep_runs_nothing(setup, page) -> None:
+    """The file's sweep has a HumanEval checker over outputs that hold code which would create a
+    marker file, a catastrophic regex, and payloads in its id, prompts, labels and settings. Opened
+    as the user's database and through the Runs page's import, the Sweeps page renders it as text,
+    with no exception, and starts no process: nothing ran. Only the user's click on "Check the
+    answers" runs the code, inside the sandbox (the server's log shows bwrap), and still no marker."""
+    from test_sandbox import require_sandbox
+
+    url = setup["url"]
+    _open(page, f"{url}/sweeps?sweep={quote(HOSTILE_SWEEP_ID, safe='')}", "Sweeps")
+    page.get_by_text("Per setting").first.wait_for(timeout=60_000)
+    page.get_by_role("button", name="Check the answers").wait_for(timeout=30_000)  # offered, not done
+    _inert(page, "sweep", url)
+    assert page.locator('[data-testid="stException"]').count() == 0
+
+    _open(page, f"{url}/runs", "Runs")
+    page.locator("input[type=file]").set_input_files(str(setup["file"]))
+    page.get_by_text("read-only.").first.wait_for(timeout=60_000)
+    page.locator('[data-testid="stSidebarNav"]').get_by_text("Sweeps", exact=True).click()
+    page.get_by_text("Per setting").first.wait_for(timeout=60_000)
+    _inert(page, "import_sweep", url)
+    assert page.locator('[data-testid="stException"]').count() == 0
+    assert not setup["marker"].exists() and _sandbox_spawns(setup) == []
+
+    require_sandbox()
+    _open(page, f"{url}/sweeps?sweep={quote(HOSTILE_SWEEP_ID, safe='')}", "Sweeps")
+    page.get_by_role("button", name="Check the answers").click()
+    page.get_by_text("Per setting").first.wait_for(timeout=60_000)
+    page.wait_for_timeout(1000)
+    assert page.get_by_role("button", name="Check the answers").count() == 0
+    assert _sandbox_spawns(setup), "the click should have run the checker in the sandbox"
+    assert not setup["marker"].exists()
+    _inert(page, "sweep_checked", url)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from app_support import visit_every_page
-from shared_files import DEFECTS, PAYLOAD, hostile_export, malformed_corpus, real_export
+from shared_files import DEFECTS, PAYLOAD, SWEEP_DEFECTS, SWEEP_ID, hostile_export, malformed_corpus, real_export, sweep_corpus
 
 from diagnostics.cli import main
 from diagnostics.report import build_report
@@ -25,6 +25,11 @@ def base(tmp_path_factory, tiny_folder: str):
 @pytest.fixture(scope="module")
 def corpus(base, tmp_path_factory):
     return {name: (path, expectation) for name, path, expectation in malformed_corpus(base, tmp_path_factory.mktemp("corpus"))}
+
+
+@pytest.fixture(scope="module")
+def sweeps(base, tmp_path_factory):
+    return {name: (path, expectation) for name, path, expectation in sweep_corpus(base, tmp_path_factory.mktemp("sweeps"))}
 
 
 @pytest.fixture
@@ -79,11 +84,15 @@ def test_a_malformed_shared_file_is_refused_or_renders(name: str, corpus, tmp_pa
     assert _sha(path) == before
 
 
-def test_hostile_text_in_a_valid_file_renders_literally(base, tmp_path: Path, app_env, capsys) -> None:
+def test_hostile_text_in_a_valid_file_renders_literally(base, tmp_path: Path, app_env, capsys, monkeypatch) -> None:
     """Payloads in every text column, token text and audit evidence: accepted (they are valid
     values), and every Markdown element that carries them is a code span (the browser test
     checks what the page then shows)."""
-    hostile = hostile_export(base, tmp_path / "hostile.duckdb")
+    from test_sweep import _forbid_checking
+
+    marker = tmp_path / "payload-ran"
+    hostile = hostile_export(base, tmp_path / "hostile.duckdb", marker)
+    calls = _forbid_checking(monkeypatch)  # opening and reporting the hostile sweep checks nothing
     opened = import_runs(hostile.path, tmp_path / "imported.duckdb")
     group = opened.get_run(hostile.run_ids[0])["group_id"]
     pages = visit_every_page(str(opened.path), run_id=hostile.run_ids[0], group=group, audit_id=hostile.audit_ids[0])
@@ -100,6 +109,11 @@ def test_hostile_text_in_a_valid_file_renders_literally(base, tmp_path: Path, ap
     assert "<script>window" not in body and "<img src=http" not in body and "\x1b" not in body and "\u202e" not in body
     assert "\\x1b[2J\\u202eEND" in body and "PWN" in body
     assert PAYLOAD not in body  # never raw
+    report = tmp_path / "sweep.html"
+    assert main(["report", "--sweep", hostile.sweep_id, "--db", str(hostile.path), "-o", str(report)]) == 0
+    sweep_body = report.read_text(encoding="utf-8").split("</head>", 1)[1]
+    assert "<script>window" not in sweep_body and "<img src=http" not in sweep_body and "PWN" in sweep_body
+    assert calls == [] and not marker.exists()
 
 
 def test_one_member_of_a_group_is_shared_with_its_reference(base, tmp_path: Path, app_env, capsys) -> None:
@@ -134,3 +148,58 @@ def test_a_tree_run_travels_in_both_export_formats(base, tmp_path: Path, app_env
     at = visit_every_page(str(opened.path), run_id=base.tree_run_id)["views/inspect.py"]
     at.number_input(key="inspect_position").set_value(verified).run()
     assert not at.exception and any("holds no tree nodes" in info.value for info in at.info)
+
+
+def _sweep_page(path: Path):
+    """The Sweeps page with ``path`` opened read-only (as the Runs page's import leaves it)."""
+    from app_support import APP
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.session_state["shared_db"] = str(path)
+    at.run()
+    at.switch_page("views/sweep.py")
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+@pytest.mark.parametrize("name", [name for name, _, _ in SWEEP_DEFECTS])
+def test_a_malformed_shared_sweep_is_refused_or_renders(name: str, sweeps, tmp_path: Path, app_env, capsys, monkeypatch) -> None:
+    """Each defect of a shared file's sweep (settings, checkers, links) is refused by the import in
+    one line, the file byte-identical, or the file opens and its sweep renders on the Sweeps page and
+    in ``report --sweep``. No checker runs either way."""
+    from test_sweep import _forbid_checking
+
+    path, expectation = sweeps[name]
+    before = _sha(path)
+    calls = _forbid_checking(monkeypatch)
+    report = tmp_path / "sweep.html"
+    if expectation.startswith("refused: "):
+        with pytest.raises(StoreError) as error:
+            import_runs(path, tmp_path / "imported.duckdb")
+        message = str(error.value)
+        assert expectation.removeprefix("refused: ") in message and "\n" not in message, message
+        assert main(["report", "--sweep", SWEEP_ID, "--db", str(path), "-o", str(report)]) == 2
+        assert capsys.readouterr().err.count("\n") == 1
+        at = _sweep_page(path)
+        assert any("is not a runs file this tool can show" in error.value for error in at.error)
+    else:
+        opened = import_runs(path, tmp_path / "imported.duckdb")
+        at = _sweep_page(opened.path)
+        assert at.title[0].value == "Sweeps"
+        assert f"Sweep {SWEEP_ID}" in build_report(opened, [], sweep_ids=[SWEEP_ID])
+        assert main(["report", "--sweep", SWEEP_ID, "--db", str(path), "-o", str(report)]) == 0
+    assert _sha(path) == before and calls == []
+
+
+def test_the_real_sweep_shows_its_stored_scores(base, tmp_path: Path, app_env, monkeypatch) -> None:
+    """The control of the sweep corpus: the real export's sweep opens, with the accuracy its units
+    stored and nothing checked."""
+    from test_sweep import _forbid_checking
+
+    calls = _forbid_checking(monkeypatch)
+    at = _sweep_page(base.path)
+    table = at.dataframe[0].value
+    assert list(table["setting"]) == ["lossless", "lenience:0.1"] and table["accuracy"].str.match(r"^\d").all()
+    assert not any(button.key == "sw_recheck" for button in at.button) and calls == []

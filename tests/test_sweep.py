@@ -470,6 +470,27 @@ def test_pages_and_reports_read_stored_scores_and_check_answers_only_when_asked(
     assert "4 runs checked" in capsys.readouterr().err and sweep_table(store, sweep_id, 0.5)["accuracy"].equals(stored)
 
 
+def test_unusable_settings_in_the_users_own_database_are_one_line_everywhere(prompt_file: Path, tiny_target, tmp_path: Path,
+                                                                          monkeypatch, capsys) -> None:
+    """The user's own database is not checked value by value on open, so reading a sweep checks its
+    settings: a sweep whose settings were damaged is one red line on the page and on the command line."""
+    import duckdb
+    from app_support import open_page
+
+    from diagnostics.cli import main
+
+    db = tmp_path / "own.duckdb"
+    sweep_id = run_sweep(Store(db), tiny_target, "early-exit:2", _settings(prompt_file, ["lenience:0.5"], seeds=1))
+    with duckdb.connect(str(db)) as con:
+        con.execute("UPDATE sweeps SET settings = '{\"prompts\": 3}'")
+    monkeypatch.setenv("SPECLAB_DB", str(db))
+    at = open_page("views/sweep.py", {"sweep": sweep_id})
+    assert any("have no prompts" in error.value for error in at.error)
+    capsys.readouterr()
+    assert main(["sweep", "--resume", sweep_id, "--db", str(db)]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
 def AppTest_with_shared(path: Path, sweep_id: str):
     """The Sweeps page with ``path`` opened read-only, as the Runs page's import leaves it."""
     from app_support import APP

@@ -10,7 +10,7 @@ import streamlit as st
 
 from diagnostics.charts import pareto_figure, token_strip_html
 from diagnostics.engine import EngineError
-from diagnostics.evaluation.answers import needs_sandbox, recheck_sweep
+from diagnostics.evaluation.answers import needs_sandbox, recheck_sweep, require_sandbox_for
 from diagnostics.evaluation.plan import unit_members
 from diagnostics.evaluation.prompts import PromptSetError, load_prompts
 from diagnostics.evaluation.sandbox import SandboxUnavailable
@@ -83,9 +83,10 @@ def run_on_page(settings: dict, sweep_id: str | None) -> None:
     """Run (or resume) a sweep in this script: a progress bar per unit, the running member's tokens,
     and Stop (any click stops the script; the finished units are kept, the sweep is ``interrupted``)."""
     try:
+        require_sandbox_for(checkers_of(settings))  # HumanEval checks need bubblewrap: say so before loading models
         target = cached_model(settings.get("target", "default"))
         draft = load_draft(base_request(settings).draft, target)
-    except (ModelError, ValueError) as error:
+    except (ModelError, ValueError, SandboxUnavailable) as error:
         show_error(error)
         st.stop()
     holder: dict = {"sweep_id": sweep_id}
@@ -171,7 +172,11 @@ labels = {row.sweep_id: plain(f"{row.sweep_id} · {row.status} · {row.units_don
           for row in sweeps.itertuples()}
 sweep_id = st.selectbox("Sweep", ids, index=ids.index(requested) if requested in ids else 0, format_func=labels.get, key="sweep_pick")
 st.query_params["sweep"] = sweep_id
-sweep = store.get_sweep(sweep_id)
+try:
+    sweep = store.get_sweep(sweep_id)
+except StoreError as error:  # settings nothing can use, in the user's own database
+    show_error(error)
+    st.stop()
 settings = sweep["settings"]
 request = settings.get("request", {})
 shape = f"tree {request['tree']}" if request.get("tree") else f"γ = {request.get('gamma')}"

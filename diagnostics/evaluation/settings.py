@@ -18,7 +18,7 @@ from typing import Any
 from diagnostics.evaluation.plan import Unit, unit_members, units
 from diagnostics.evaluation.prompts import MAX_PROMPTS, PromptItem, PromptSetError, parse_checker
 from diagnostics.policy import Policy
-from diagnostics.runner import RunRequest
+from diagnostics.runner import RunRequest, check_prompt_text
 
 # RunRequest fields a sweep shares across its runs (prompt, rule and seed vary by member and unit).
 SHARED_FIELDS = ("draft", "gamma", "max_new_tokens", "raw", "top_k_record", "tree", "tree_children", "tree_budget", "tree_depth", "draft_stop")
@@ -61,6 +61,18 @@ def checkers_of(settings: dict[str, Any]) -> dict[str, dict[str, Any] | None]:
     return {item["id"]: item.get("checker") for item in settings["prompts"]}
 
 
+def parse_settings(text: str | None) -> dict[str, Any]:
+    """Stored settings (JSON text) parsed and checked (``check_settings``); ``SweepSettingsError``
+    otherwise, with one phrase completing "the settings of sweep S …"."""
+    import json
+
+    try:
+        value = json.loads(text) if text is not None else None
+    except ValueError:
+        raise SweepSettingsError("are not JSON") from None
+    return check_settings(value)
+
+
 def check_settings(value: Any) -> dict[str, Any]:
     """``value`` when it is settings this tool can run, show and resume; else ``SweepSettingsError``
     with one phrase (completing "the settings of sweep S …")."""
@@ -85,6 +97,10 @@ def check_settings(value: Any) -> dict[str, Any]:
             raise SweepSettingsError(f"{where} without a text \"id\" and a non-empty \"prompt\"")
         if set(item) - {"id", "prompt", "checker"}:
             raise SweepSettingsError(f"{where} with the unknown key {sorted(set(item) - {'id', 'prompt', 'checker'})[0][:40]!r}")
+        try:
+            check_prompt_text(item["prompt"])
+        except ValueError as error:
+            raise SweepSettingsError(f"{where} that cannot be run: {error}") from None
         if item["id"] in seen:
             raise SweepSettingsError(f"have the prompt id {item['id'][:60]!r} twice")
         seen.add(item["id"])

@@ -83,13 +83,21 @@ class SweepTables:
         return run_ids
 
     def get_sweep(self, sweep_id: str) -> dict[str, Any] | None:
-        """One sweep as a dict with ``settings`` parsed, or ``None``."""
+        """One sweep as a dict with ``settings`` parsed and checked (``settings.check_settings``), or
+        ``None``. Settings nothing could use raise ``StoreError`` (one line): a shared file's were
+        checked when it was opened, but the user's own database is not checked value by value."""
+        from diagnostics.evaluation.settings import SweepSettingsError, parse_settings
+        from diagnostics.store.core import StoreError
+
         with self.connect() as con:
             if not self._has_sweeps(con):
                 return None
         sweep = self._one("SELECT * FROM sweeps WHERE sweep_id = ?", [sweep_id])
         if sweep is not None:
-            sweep["settings"] = json.loads(sweep["settings"] or "{}")
+            try:
+                sweep["settings"] = parse_settings(sweep["settings"])
+            except SweepSettingsError as error:
+                raise StoreError(f"the settings of sweep {str(sweep_id)[:60]} in {self.path} {error}") from None
         return sweep
 
     def list_sweeps(self) -> pd.DataFrame:

@@ -207,7 +207,7 @@ def _sweeps_problem(con: duckdb.DuckDBPyConnection) -> str | None:
     settings that a page, a report or a resume can use (``settings.check_settings``): prompts,
     checkers (a known HumanEval task, a regex RE2 compiles), rules, seeds, generation settings.
     Nothing a file holds is run: a checker is only parsed here."""
-    from diagnostics.evaluation.settings import SweepSettingsError, check_settings
+    from diagnostics.evaluation.settings import SweepSettingsError, parse_settings
 
     present = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'sweeps'").fetchone()[0]
     if not present:
@@ -220,10 +220,9 @@ def _sweeps_problem(con: duckdb.DuckDBPyConnection) -> str | None:
     for sweep_id, text, units in con.execute("SELECT sweep_id, settings, units FROM sweeps").fetchall():
         shown = str(sweep_id)[:60]
         try:
-            settings = check_settings(json.loads(text))
-        except ValueError as error:  # not JSON, or settings this tool cannot use
-            reason = str(error) if isinstance(error, SweepSettingsError) else "are not JSON"
-            return f"the settings of sweep {shown} {reason}"
+            settings = parse_settings(text)
+        except SweepSettingsError as error:
+            return f"the settings of sweep {shown} {error}"
         if len(settings["prompts"]) * settings["seeds"] != units:
             return f"sweep {shown} plans {units} units, not its prompts × seeds"
         checked = {item["id"]: item.get("checker") is not None for item in settings["prompts"]}
