@@ -10,8 +10,7 @@ file, a daemon still alive, a connection or a signal that reached this process, 
 memory.
 
 Run as a script (``python sandbox_attacks.py sandbox|naive OUT.json``) so that this process's
-environment holds a secret from its start (``/proc/PID/environ`` shows only that) and its peak
-memory is its own. ``naive`` replaces the sandbox by a plain child process, as the project had
+environment holds a secret from its start (``/proc/PID/environ`` shows only that). ``naive`` replaces the sandbox by a plain child process, as the project had
 before (the negative control: each attack it runs must get out there, proving the attack works).
 """
 
@@ -19,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import signal
 import socket
 import subprocess
@@ -27,6 +25,7 @@ import sys
 import tempfile
 import threading
 import time
+import tracemalloc
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -143,6 +142,7 @@ child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", 
 pid = os.fork()
 if pid == 0:
     import time
+import tracemalloc
     time.sleep(120)
     os._exit(0)
 return True
@@ -154,6 +154,19 @@ while True:
         os.fork()
     except OSError:
         pass
+""", False),
+    "many_processes": ("""
+import os, time
+started = 0
+for _ in range(64):
+    try:
+        if os.fork() == 0:
+            time.sleep(30)
+            os._exit(0)
+        started += 1
+    except OSError:
+        break
+return started >= 32
 """, False),
     "infinite_recursion": ("""
 import sys
@@ -266,10 +279,12 @@ def main(mode: str, output: str, names: list[str]) -> None:
                   "secret": os.environ[SECRET_VARIABLE], "token": token,
                   "megabytes": 1024 if mode == "sandbox" else 256}
         accepted, received = listener.accepted, len(signals)
-        peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        tracemalloc.start()  # this process's allocations during the check: what it keeps of the output
         started = time.monotonic()
         outcome = humaneval_outcome(TASK, reply(body, values), time_limit_s=TIME_LIMIT_S)
         elapsed = time.monotonic() - started
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
         time.sleep(0.2)  # a signal or connection in flight arrives
         alive = survivors(token)
         for pid in alive:  # the control leaves them: clean up
@@ -279,8 +294,7 @@ def main(mode: str, output: str, names: list[str]) -> None:
                 pass
         results[name] = {"passed": outcome.passed, "reason": outcome.reason, "seconds": round(elapsed, 2),
                          "marker": marker.exists(), "survivors": len(alive), "connections": listener.accepted - accepted,
-                         "signals": len(signals) - received,
-                         "peak_growth_mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_before) / 1024}
+                         "signals": len(signals) - received, "peak_mb": peak / 2**20}
     Path(output).write_text(json.dumps(results), encoding="utf-8")
 
 

@@ -283,10 +283,15 @@ SWEEP_DEFECTS: list[tuple[str, list[str], str]] = [
 
 def sweep_corpus(base: RealExport, folder: Path) -> list[tuple[str, Path, str]]:
     """``(defect, path, expectation)`` for every entry of ``SWEEP_DEFECTS``."""
+    return _corpus(base, folder, SWEEP_DEFECTS, "sweep")
+
+
+def _corpus(base: RealExport, folder: Path, defects: list[tuple[str, list[str], str]], stem: str) -> list[tuple[str, Path, str]]:
+    """A copy of the real export per defect, with the defect's statements applied."""
     folder.mkdir(parents=True, exist_ok=True)
     corpus = []
-    for index, (name, statements, expectation) in enumerate(SWEEP_DEFECTS):
-        path = _copy(base, folder / f"sweep{index:02d}.duckdb")
+    for index, (name, statements, expectation) in enumerate(defects):
+        path = _copy(base, folder / f"{stem}{index:02d}.duckdb")
         with duckdb.connect(str(path)) as con:
             for statement in statements:
                 con.execute(statement)
@@ -296,14 +301,7 @@ def sweep_corpus(base: RealExport, folder: Path) -> list[tuple[str, Path, str]]:
 
 def malformed_corpus(base: RealExport, folder: Path) -> list[tuple[str, Path, str]]:
     """``(defect, path, expectation)`` for every entry of ``DEFECTS`` plus a truncated file."""
-    folder.mkdir(parents=True, exist_ok=True)
-    corpus = []
-    for index, (name, statements, expectation) in enumerate(DEFECTS):
-        path = _copy(base, folder / f"defect{index:02d}.duckdb")
-        with duckdb.connect(str(path)) as con:
-            for statement in statements:
-                con.execute(statement)
-        corpus.append((name, path, expectation))
+    corpus = _corpus(base, folder, DEFECTS, "defect")
     data = base.path.read_bytes()
     truncated = folder / "truncated.duckdb"
     truncated.write_bytes(data[: len(data) // 2])

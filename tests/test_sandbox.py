@@ -61,7 +61,7 @@ def test_every_escape_attempt_fails_or_is_contained(name: str, attacks: dict[str
     result = attacks[name]
     assert not result["marker"] and result["survivors"] == 0, result
     assert result["connections"] == 0 and result["signals"] == 0, result
-    assert result["peak_growth_mb"] < 32, result  # 1 GB of error output is drained, not kept
+    assert result["peak_mb"] < 16, result  # 1 GB of error output is drained, not kept
     assert result["seconds"] < TIME_LIMIT_S + 3, result  # the wall-clock limit holds, whatever the program ignores
     if name == "stderr_1gb":
         assert result["reason"] == "wrote it all", result  # the tail was kept: the last line says why
@@ -76,7 +76,7 @@ def test_each_attack_gets_out_of_a_plain_child_process(name: str, control: dict[
     result = control[name]
     if name == "read_shadow" and os.geteuid() != 0:
         pytest.skip("only root reads /etc/shadow, even without a sandbox")
-    evidence = {"stderr_1gb": result["peak_growth_mb"] > 200, "write_outside": result["marker"],
+    evidence = {"stderr_1gb": result["peak_mb"] > 200, "write_outside": result["marker"],
                 "double_fork_daemon": result["survivors"] > 0, "signal_the_parent": result["signals"] > 0,
                 "socket_connect": result["connections"] > 0, "_socket_connect": result["connections"] > 0,
                 "ctypes_connect": result["connections"] > 0}
