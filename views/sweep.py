@@ -196,7 +196,8 @@ first_run = store.get_run(linked["run_id"].iloc[0]) if not linked.empty else Non
 # The same default as Inspect: measured on this machine when the models may be loaded, else L/N
 # for an early exit (the sweep's runs share their target and drafter).
 cost = cost_ratio_input(first_run, target_if_allowed(first_run), "sweep", st) if first_run is not None else None
-rechecked = st.session_state.setdefault("sweep_rechecked", {})  # sweep id → scores of a re-check in this session
+rechecked = st.session_state.setdefault("sweep_rechecked", {})  # (file, sweep id) → scores of a re-check in this session
+checked_key = (str(store.path), sweep_id)
 
 
 def answer_check(checkers: dict) -> None:
@@ -207,7 +208,7 @@ def answer_check(checkers: dict) -> None:
     checked = linked["prompt_id"].map(lambda prompt_id: checkers.get(prompt_id) is not None)
     scores = linked["score"] if "score" in linked else pd.Series([None] * len(linked), index=linked.index)
     missing = int(((linked["status"] == "complete") & checked & scores.isna()).sum())
-    if not missing or sweep_id in rechecked:
+    if not missing or checked_key in rechecked:
         return
     runs_code = needs_sandbox(checkers)
     st.info(f"{missing} finished runs of this sweep have no stored answer score, so accuracy leaves them out. "  # literal-ok: a count
@@ -216,7 +217,7 @@ def answer_check(checkers: dict) -> None:
     if st.button("Check the answers", key="sw_recheck", help="Scores each finished run's output with its prompt's checker, now"):
         try:
             with st.spinner("checking the answers"):
-                rechecked[sweep_id] = recheck_sweep(store, sweep_id, save=not store.read_only)
+                rechecked[checked_key] = recheck_sweep(store, sweep_id, save=not store.read_only)
         except (SandboxUnavailable, StoreError, ValueError) as error:
             show_error(error)
             return
@@ -224,7 +225,7 @@ def answer_check(checkers: dict) -> None:
 
 
 answer_check(checkers_of(settings))
-table = sweep_table(store, sweep_id, 0.0 if cost is None else cost, scores=rechecked.get(sweep_id))
+table = sweep_table(store, sweep_id, 0.0 if cost is None else cost, scores=rechecked.get(checked_key))
 summaries = summarise_sweep(table)
 if not summaries:
     st.info("No unit of this sweep has finished yet.")
