@@ -134,7 +134,7 @@ def _command(program_fd: int, staging: Path, time_limit_s: float, memory_mb: int
     to uid 65534 with the interpreter bound under ``staging``."""
     bwrap = shutil.which(BWRAP)
     if bwrap is None:
-        raise SandboxUnavailable(f"generated code runs only inside bubblewrap, and {BWRAP!r} is not on PATH: {HOW_TO_ENABLE}")
+        raise SandboxUnavailable(_not_installed())
     executable, prefix = _interpreter()
     if os.geteuid() != 0:
         return _sandbox_argv(bwrap, prefix, program_fd, time_limit_s, memory_mb)
@@ -162,9 +162,7 @@ def run_program(source: str, time_limit_s: float = TIME_LIMIT_S, memory_mb: int 
     """Run ``source`` with ``python -I -S`` inside the bubblewrap sandbox (see the module docstring);
     passed iff it exits 0 within ``time_limit_s`` of wall time. Raises ``SandboxUnavailable``
     where bubblewrap is missing or refused (nothing runs)."""
-    problem = sandbox_problem()
-    if problem:
-        raise SandboxUnavailable(problem)
+    check_sandbox()
     return _run(source, time_limit_s, memory_mb)
 
 
@@ -218,7 +216,7 @@ def sandbox_problem() -> str | None:
     """Why generated code cannot run here, in one line, or ``None``: bubblewrap must be on PATH and
     able to start a sandbox (tried once per process with a program that checks its own uid)."""
     if shutil.which(BWRAP) is None:
-        return f"generated code runs only inside bubblewrap, and {BWRAP!r} is not on PATH: {HOW_TO_ENABLE}"
+        return _not_installed()
     try:
         outcome = _run(f"import os\nraise SystemExit(0 if os.getuid() == {SANDBOX_UID} else 'uid ' + str(os.getuid()))\n", 30.0,
                        MEMORY_LIMIT_MB)
@@ -227,6 +225,10 @@ def sandbox_problem() -> str | None:
     if outcome.passed:
         return None
     return f"generated code runs only inside bubblewrap, which refused to start a sandbox here ({outcome.reason[:120]}): {HOW_TO_ENABLE}"
+
+
+def _not_installed() -> str:
+    return f"generated code runs only inside bubblewrap, and {BWRAP!r} is not on PATH: {HOW_TO_ENABLE}"
 
 
 def check_sandbox() -> None:
