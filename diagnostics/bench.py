@@ -261,23 +261,25 @@ def _forward_cost(target: object, prompt: list[int], nodes: int, repeat: int) ->
     """Median seconds of one target forward over ``nodes`` draft tokens after a cached prompt: as a
     tree (a root with ``nodes`` children, under the 4D tree mask, then the path kept) and as a
     chain (``nodes`` drafts in a row, then rolled back); alternated."""
-    from diagnostics.drafters import TargetScorer
-    from diagnostics.tree_attention import TokenTree
+    from diagnostics.engine.drafting import TargetScorer
+    from diagnostics.engine.forward import full_stage, resolve
+    from diagnostics.engine.tree_attention import TokenTree
 
-    scorer = TargetScorer(target)
-    scorer.score(prompt[:-1], [])  # cache all but the last prompt token, as between rounds
+    stage = full_stage(target, 1, len(prompt) + nodes + 2, order=1)
+    scorer = TargetScorer(stage, stage.store.attach())
+    resolve(scorer.score(prompt[:-1], []))  # cache all but the last prompt token, as between rounds
     scorer.rollback(len(prompt) - 1)
     drafts = [int(token) for token in prompt[:nodes]]
     tree = TokenTree(parents=tuple(-1 for _ in drafts), tokens=tuple(drafts))
     tree_times, chain_times = [], []
     for _ in range(repeat):
         start = time.perf_counter()
-        scorer.score_tree(prompt, tree)
+        resolve(scorer.score_tree(prompt, tree))
         scorer.keep_path(len(prompt), tree, [])
         scorer.rollback(len(prompt) - 1)
         tree_times.append(time.perf_counter() - start)
         start = time.perf_counter()
-        scorer.score(prompt, drafts)
+        resolve(scorer.score(prompt, drafts))
         scorer.rollback(len(prompt) - 1)
         chain_times.append(time.perf_counter() - start)
     return statistics.median(tree_times), statistics.median(chain_times)

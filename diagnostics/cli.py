@@ -676,7 +676,7 @@ def _audit_engine(args: argparse.Namespace, implementation: str, setup=None) -> 
 
 def _audit_tree(args: argparse.Namespace):
     """The ``--tree`` shape of an engine audit (``None``: the chain engine), checked before any model loads."""
-    from diagnostics.tree_draft import parse_tree
+    from diagnostics.engine.tree_draft import parse_tree
 
     return parse_tree(args.tree, children=args.tree_children) if args.tree else None
 

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from diagnostics.explain import StepView, explain_step
-from diagnostics.drafters import fit_vocabulary
+from diagnostics.engine.drafting import fit_vocabulary
 from diagnostics.models import EMBEDDED_NAME, LoadedModel, ModelError, early_exit_model, load_model, parse_draft
 from diagnostics.policy import Policy, probabilities
 from diagnostics.rules import get_rule
@@ -298,7 +298,7 @@ def tree_node_view(run: dict[str, Any], record: dict[str, Any], nodes: Any, laws
                    unavailable: str | None = None) -> TreeNodeView | None:
     """The node view at a tree run's ``record`` (``nodes``: the round's ``tree_nodes`` rows), or
     ``None`` when the position had no candidates (a bonus after an accepted leaf)."""
-    from diagnostics.tree_walk import node_steps
+    from diagnostics.engine.tree_walk import node_steps
 
     node = record.get("tree_node")
     if node is None or node != node or nodes is None or len(nodes) == 0:

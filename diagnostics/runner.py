@@ -26,7 +26,7 @@ from diagnostics.models import LoadedModel, parse_draft
 from diagnostics.policy import Policy
 from diagnostics.rules import get_rule
 from diagnostics.store import RunWriter, Store, StoreError
-from diagnostics.tree_draft import TreeSpec, spec_from_text
+from diagnostics.engine.tree_draft import TreeSpec, spec_from_text
 
 
 def encode_prompt(target: LoadedModel, text: str, raw: bool = False) -> list[int]:

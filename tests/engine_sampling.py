@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from diagnostics.audit.mutants import TREE_MUTANTS, StaleRollbackScorer
-from diagnostics.drafters import TargetScorer
+from diagnostics.engine.drafting import TargetScorer
 from diagnostics.engine import CORRECT, generate
 from diagnostics.policy import Policy, probabilities
 from tiny_models import tiny_lm

@@ -111,7 +111,7 @@ def _recorded(tmp_path, rule="lossless", planted=None, monkeypatch=None):
     from engine_sampling import stale_rollback
     from tiny_models import save_tiny_model
 
-    from diagnostics.drafters import TargetScorer
+    from diagnostics.engine.drafting import TargetScorer
     from diagnostics.models import load_model
     from diagnostics.runner import RunRequest, record_run
     from diagnostics.store import Store
@@ -309,7 +309,7 @@ def test_tree_engine_audit_passes_ours_and_fails_each_planted_tree_bug(capsys) -
     from diagnostics.audit.mutants import TREE_MUTANTS
     from diagnostics.audit.suite import run_engine_audit, tiny_setup
     from diagnostics.cli import main
-    from diagnostics.tree_draft import parse_tree
+    from diagnostics.engine.tree_draft import parse_tree
 
     assert main(["audit", "--engine", "ours", "--tree", "3,2,1"]) == 0
     result = json.loads(capsys.readouterr().out)

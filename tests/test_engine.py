@@ -84,7 +84,7 @@ def test_replay_catches_a_stale_cache(target, draft, monkeypatch) -> None:
     """Negative control: with the rollback off by one, recorded p no longer matches recomputation."""
     from engine_sampling import stale_rollback
 
-    from diagnostics.drafters import TargetScorer
+    from diagnostics.engine.drafting import TargetScorer
 
     monkeypatch.setattr(TargetScorer, "rollback", stale_rollback)
     run = generate(target, draft, PROMPT, rule="lossless", gamma=3, max_new_tokens=12, seed=1, eos_token_id=[])
@@ -199,13 +199,15 @@ def test_draft_with_another_vocabulary_is_refused(target) -> None:
 
 
 def test_tiny_lm_cache_path_matches_cache_free_forward() -> None:
-    """The fast test model gives the same logits with and without its KV cache."""
-    from diagnostics.drafters import CachedModel
+    """The fast test model gives the same logits with and without its KV cache (the engine's slot store)."""
+    from diagnostics.engine.forward import Forward, ModuleStage, full_stage
 
     loaded = tiny_lm(5, seed=3)
-    cached = CachedModel(loaded)
-    first = cached.forward([1, 2, 3], keep=3)
-    second = cached.forward([4, 0], keep=2)
+    stage = full_stage(loaded, 1, 16, order=1)
+    assert isinstance(stage, ModuleStage)
+    slot = stage.store.attach()
+    first = stage.run([Forward(stage, slot, 0, tokens=[1, 2, 3], keep=3)])[0].logits
+    second = stage.run([Forward(stage, slot, 3, tokens=[4, 0], keep=2)])[0].logits
     whole = loaded.model(input_ids=torch.tensor([[1, 2, 3, 4, 0]]), use_cache=False).logits[0]
     assert torch.allclose(torch.cat([first, second]), whole, atol=1e-5)
 
@@ -215,11 +217,11 @@ def test_caches_are_laid_out_as_transformers_lays_them_out() -> None:
     copied from a target whose layout was already read (the shell has fewer layers)."""
     from transformers import DynamicCache
 
-    from diagnostics.drafters import _new_cache
+    from diagnostics.engine.drafting import new_cache
 
     target = tiny_llama(seed=0, layers=3)
-    _new_cache(target.model)  # the target's layout is read (and kept) before the shell is copied
+    new_cache(target.model)  # the target's layout is read (and kept) before the shell is copied
     for model in (early_exit_model(target, 1).model, target.model):
-        built, expected = _new_cache(model), DynamicCache(config=model.config)
+        built, expected = new_cache(model), DynamicCache(config=model.config)
         assert [type(layer) for layer in built.layers] == [type(layer) for layer in expected.layers]
         assert len(built.layers) == model.config.num_hidden_layers

@@ -18,8 +18,8 @@ from diagnostics.engine import CORRECT, EngineError, EngineSeams, generate
 from diagnostics.inspection import teacher_forced_laws
 from diagnostics.models import early_exit_model
 from diagnostics.policy import Policy
-from diagnostics.self_speculation import SelfDrafter, reusing_pair, shares_layers, supports_layer_reuse
-from diagnostics.drafters import ModelDrafter, TargetScorer
+from diagnostics.engine.drafting import TargetScorer
+from diagnostics.engine.self_speculation import shares_layers, split_layer, supports_layer_reuse
 from diagnostics.runner import RunRequest, generate_request, request_from_run, store_finished_run
 from diagnostics.store import Store
 from diagnostics.tiny import tiny_llama
@@ -93,12 +93,10 @@ def test_reuse_applies_only_to_the_targets_own_early_exit(target) -> None:
     assert shares_layers(target, shell) == 2 and supports_layer_reuse(target)
     other = tiny_llama(4, vocab=40, layers=2)
     assert shares_layers(target, other) is None
-    drafter = ModelDrafter(shell, Policy(), "early-exit:2")
-    pair = reusing_pair(target, drafter, TargetScorer)
-    assert pair is not None and isinstance(pair[0], SelfDrafter)
+    assert split_layer(target, shell, TargetScorer) == 2
     # An audit's planted scorer keeps the two-forward path: the planted bug must stay visible.
-    assert reusing_pair(target, drafter, StaleRollbackScorer) is None
-    assert reusing_pair(target, ModelDrafter(other, Policy(), "model:other"), TargetScorer) is None
+    assert split_layer(target, shell, StaleRollbackScorer) is None
+    assert split_layer(target, other, TargetScorer) is None
     windowed = tiny_llama(3, vocab=40, layers=4)
     windowed.model.config.model_type = "mistral"
     windowed.model.config.sliding_window = 16
@@ -178,20 +176,21 @@ def _family(kind: str):
 
 @pytest.mark.parametrize("kind", ["llama", "mistral", "qwen2"])
 def test_direct_forward_equals_the_models_own_forward(kind: str) -> None:
-    """CachedModel's direct loop over the model's modules gives the wrapper's logits: a prompt in one
-    forward, then one token at a time and blocks of several, with rollbacks in between."""
-    from diagnostics.drafters import CachedModel
-    from diagnostics.fast_forward import supports_direct_forward
+    """The engine's direct loop over the model's modules (a ``DirectStage`` over the slot store) gives the
+    wrapper's logits: a prompt in one forward, then one token at a time and blocks of several, with
+    rollbacks in between."""
+    from diagnostics.engine.fast_forward import supports_direct_forward
+    from diagnostics.engine.forward import DirectStage, Forward, full_stage
 
     loaded = _family(kind)
     assert supports_direct_forward(loaded)
-    cached = CachedModel(loaded)
-    assert cached.direct is not None
+    stage = full_stage(loaded, 1, 8, order=1)  # a small capacity: the store grows as the sequence does
+    assert isinstance(stage, DirectStage)
+    slot = stage.store.attach()
     sequence = [3, 7, 1, 9, 4, 4, 2, 8, 11, 5, 6, 30, 31, 2]
     steps = [(0, 6), (6, 7), (7, 10), (8, 9), (9, 14)]  # (cached after rollback, fed up to)
     for start, end in steps:
-        cached.rollback(start)
-        got = cached.forward(sequence[start:end], keep=end - start)
+        got = stage.run([Forward(stage, slot, start, tokens=sequence[start:end], keep=end - start)])[0].logits
         with torch.inference_mode():
             want = loaded.model(input_ids=torch.tensor([sequence[:end]]), use_cache=False).logits[0, start:end].float()
         assert torch.allclose(got, want, atol=2e-5, rtol=0), (kind, start, end, float((got - want).abs().max()))
@@ -204,7 +203,7 @@ def test_lean_layers_are_bitwise_the_modules(kind: str) -> None:
     repeated heads), on every family; a hooked layer is called as a module (its hook sees it run)."""
     from transformers import DynamicCache
 
-    from diagnostics.fast_forward import DecoderParts
+    from diagnostics.engine.fast_forward import DecoderParts
 
     loaded = _family(kind)
     parts = DecoderParts(loaded)
@@ -248,8 +247,8 @@ def test_one_token_products_over_two_threads_are_bitwise_the_modules(monkeypatch
     for every large matrix, and not for the small ones."""
     from transformers import DynamicCache
 
-    from diagnostics import fast_forward
-    from diagnostics.fast_forward import DecoderParts
+    from diagnostics.engine import fast_forward
+    from diagnostics.engine.fast_forward import DecoderParts
 
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # the split needs two threads; CI has them, so does this test
     loaded = _wide_llama()
@@ -277,7 +276,7 @@ def test_one_token_products_over_two_threads_are_bitwise_the_modules(monkeypatch
 def test_a_split_product_that_is_not_bitwise_is_not_used(monkeypatch) -> None:
     """Negative control: where the two-half product differs from F.linear by one rounding step on
     this machine, the check refuses it and the projection stays F.linear."""
-    from diagnostics import fast_forward
+    from diagnostics.engine import fast_forward
 
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     real = fast_forward._two_halves
@@ -294,12 +293,12 @@ def test_a_split_product_that_is_not_bitwise_is_not_used(monkeypatch) -> None:
 
 
 def test_models_outside_the_direct_loop_keep_their_forward() -> None:
-    from diagnostics.drafters import CachedModel
-    from diagnostics.fast_forward import supports_direct_forward
+    from diagnostics.engine.fast_forward import supports_direct_forward
+    from diagnostics.engine.forward import RowStage, full_stage
 
     windowed = _family("mistral")
     windowed.model.config.sliding_window = 16
-    assert not supports_direct_forward(windowed) and CachedModel(windowed).direct is None
+    assert not supports_direct_forward(windowed) and isinstance(full_stage(windowed, 1, 16, order=1), RowStage)
     capped = _family("llama")
     capped.model.config.final_logit_softcapping = 30.0
     assert not supports_direct_forward(capped)

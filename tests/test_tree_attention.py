@@ -9,7 +9,7 @@ import torch
 from transformers import DynamicCache
 
 from diagnostics.tiny import tiny_llama
-from diagnostics.tree_attention import TokenTree, tree_inputs, tree_logits
+from diagnostics.engine.tree_attention import TokenTree, tree_inputs, tree_logits
 
 PREFIX = [1, 5, 2, 7, 3]
 # Depth 1: nodes 0, 1, 2; depth 2: 3, 4 under 0 and 5 under 1; depth 3: 6 under 3 (a 3,2,1-like shape).

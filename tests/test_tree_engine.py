@@ -18,9 +18,9 @@ from diagnostics.policy import Policy, probabilities
 from diagnostics.rng import sample_inverse_cdf
 from diagnostics.rules import get_rule, get_tree_rule
 from diagnostics.tiny import tiny_llama
-from diagnostics.tree_attention import TokenTree
-from diagnostics.tree_draft import DraftTree, TreeSpecError, parse_tree, spec_from_text
-from diagnostics.tree_walk import all_node_steps, node_steps, walk
+from diagnostics.engine.tree_attention import TokenTree
+from diagnostics.engine.tree_draft import DraftTree, TreeSpecError, parse_tree, spec_from_text
+from diagnostics.engine.tree_walk import all_node_steps, node_steps, walk
 
 PROMPT = [1, 5, 2, 7, 1, 5, 2, 8]
 VOCAB = 12
@@ -260,7 +260,7 @@ def test_sampled_children_use_keyed_uniforms() -> None:
 
 def test_top_children_are_the_stable_top_k_of_q() -> None:
     """The fast top-k (``topk`` plus a margin) gives exactly the stable sort's order, ties included."""
-    from diagnostics.tree_draft import _top_children
+    from diagnostics.engine.tree_draft import _top_children
 
     generator = torch.Generator().manual_seed(0)
     for trial in range(300):

@@ -20,7 +20,12 @@ class TinyCausalLM(torch.nn.Module):
     read the cache length (or ``position_ids``), and attention reads every cached key, so a stale
     or missing cache entry, or a wrong position, changes the law: what the losslessness tests
     need, at a fraction of a Llama forward's Python overhead.
+
+    It takes the engine's batched slot store as its cache (``accepts_slot_cache``): rows of a
+    batch with their own ``position_ids`` and additive mask.
     """
+
+    accepts_slot_cache = True
 
     def __init__(self, vocab: int, seed: int, dim: int = 8, sharpness: float = 1.5, max_positions: int = 64) -> None:
         super().__init__()
@@ -51,8 +56,8 @@ class TinyCausalLM(torch.nn.Module):
                 attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None, **_: object):
         start = past_key_values.get_seq_length() if past_key_values is not None else 0
         length = input_ids.shape[1]
-        positions = self.positions[position_ids[0]] if position_ids is not None else self.positions[start : start + length]
-        hidden = self.embed[input_ids] + positions[None]
+        positions = self.positions[position_ids] if position_ids is not None else self.positions[start : start + length][None]
+        hidden = self.embed[input_ids] + positions
         query = (hidden @ self.query)[:, None]
         keys, values = (hidden @ self.key)[:, None], (hidden @ self.value)[:, None]
         if past_key_values is not None:

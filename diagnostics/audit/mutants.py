@@ -14,13 +14,13 @@ from collections.abc import Callable
 
 import torch
 
-from diagnostics.drafters import TargetScorer
+from diagnostics.engine.drafting import TargetScorer
 from diagnostics.engine import EngineSeams, fallback_law, target_laws
 from diagnostics.policy import Policy, probabilities
 from diagnostics.rng import sample_inverse_cdf
 from diagnostics.rules import Rule, normalise_or
-from diagnostics.tree_attention import tree_inputs
-from diagnostics.tree_walk import all_node_steps
+from diagnostics.engine.tree_attention import tree_inputs
+from diagnostics.engine.tree_walk import all_node_steps
 
 Verify = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Generator], torch.Tensor]
 
@@ -94,10 +94,7 @@ class StaleRollbackScorer(TargetScorer):
     """Rollback off by one: the first refused draft's keys and values stay in the target's cache."""
 
     def rollback(self, length: int) -> None:
-        length += 1
-        if length < self.cached:
-            self.cache.crop(length - self.cached)
-            self.cached = length
+        self.cached = min(self.cached, length + 1)
 
 
 def _residual_next_position(rule: Rule, p_laws: torch.Tensor, q_laws: torch.Tensor, index: int) -> torch.Tensor:

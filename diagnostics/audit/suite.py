@@ -18,7 +18,7 @@ from diagnostics.audit.mutants import ENGINE_MUTANT_POLICY, ENGINE_MUTANTS, RULE
 from diagnostics.audit.rule_level import RuleAudit, audit_rule, battery, model_pairs, rule_adapter, transformers_adapter
 from diagnostics.engine import CORRECT
 from diagnostics.policy import Policy
-from diagnostics.tree_draft import TreeSpec
+from diagnostics.engine.tree_draft import TreeSpec
 
 RULE_IMPLEMENTATIONS = ["ours", "transformers", *RULE_MUTANTS]
 ENGINE_IMPLEMENTATIONS = ["ours", "transformers", *ENGINE_MUTANTS]
@@ -103,13 +103,13 @@ def model_setup(target_spec: str = "default", layer: int | None = None, prompt: 
                 local_only: bool = False) -> EngineSetup:
     """A real target and its first ``layer`` layers as the draft (usable as transformers' assistant);
     by default layer 26, or the last but one for a shallower target."""
-    from diagnostics.engine import _eos_ids
+    from diagnostics.engine import eos_ids
     from diagnostics.models import early_exit_model, load_model
     from diagnostics.runner import encode_prompt
 
     target = load_model(target_spec, local_only=local_only)
     draft = early_exit_model(target, layer if layer is not None else max(1, min(DEFAULT_EARLY_EXIT_LAYER, target.num_layers - 1)))
-    return EngineSetup(target, draft, encode_prompt(target, prompt), _eos_ids(target, None),
+    return EngineSetup(target, draft, encode_prompt(target, prompt), eos_ids(target, None),
                        {"target": target.name, "draft": draft.name, "prompt": prompt})
 
 

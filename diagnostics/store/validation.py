@@ -183,7 +183,7 @@ def _audits_problem(con: duckdb.DuckDBPyConnection) -> str | None:
 
 def _tree_problem(con: duckdb.DuckDBPyConnection) -> str | None:
     """Tree shapes of tree runs parse, and their rows are consistent (only in files of schema 3)."""
-    from diagnostics.tree_draft import spec_from_text
+    from diagnostics.engine.tree_draft import spec_from_text
 
     has_trees = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'tree_nodes'").fetchone()[0]
     if not has_trees:

@@ -1,6 +1,6 @@
 """The tree loop: draft a tree, verify every node in one target forward, walk it, keep the path.
 
-One round (``diagnostics.tree_draft``, ``diagnostics.tree_walk``):
+One round (``diagnostics.engine.tree_draft``, ``diagnostics.engine.tree_walk``):
 
 1. the drafter grows a tree below the last committed token;
 2. the target scores the root and every node in one forward under a tree attention mask
@@ -14,120 +14,51 @@ Records: one ``PositionRecord`` per emitted position with the exact law of the n
 at (``TreeRule.induced``, or ``p`` for lossless), one ``NodeRecord`` per drafted node (parent,
 depth, sibling, ``q`` and ``p`` of its token, ``a``, the coin, the decision, the exact
 probability the walk accepts it), and one ``RoundRecord`` per round with the exact expected
-number of tokens beside the number emitted.
+number of tokens beside the number emitted. ``tree_row`` yields its forwards like ``chain.chain_row``.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
-from diagnostics.drafters import NgramDrafter, fit_vocabulary
-from diagnostics.engine import CORRECT, EngineError, EngineSeams, PositionRecord, Run, _decode_one, _top, finish, rounds
+from diagnostics.engine.drafting import fit_vocabulary
+from diagnostics.engine.records import NodeRecord, PositionRecord, RoundRecord, Run, decode_one, finish, rounds, top_entries
+from diagnostics.engine.seams import EngineSeams
 from diagnostics.metrics import entropy, kl_divergence, overshoot_mass, total_variation
-from diagnostics.models import LoadedModel
-from diagnostics.policy import Policy
 from diagnostics.rng import uniform_scalar
 from diagnostics.rules import Rule
-from diagnostics.tree_draft import DraftTree, TreeSpec
-from diagnostics.tree_walk import Decision, NodeSteps, Walk, expected_tokens, reach_probabilities, walk
+from diagnostics.engine.tree_draft import DraftTree, TreeSpec
+from diagnostics.engine.tree_walk import Decision, NodeSteps, Walk, expected_tokens, reach_probabilities, walk
 
 
-@dataclass
-class NodeRecord:
-    """One drafted node of one round. ``p_token``: the target's ``p`` of the token at its parent;
-    ``residual``: ``r_j`` of the token when its turn came (or would come); ``accept_prob``: ``a_j``;
-    ``decision``: ``accepted``, ``refused`` or ``untried``; ``reach``: the exact probability that
-    the walk accepts this node."""
-
-    block: int
-    node: int
-    parent: int
-    depth: int
-    sibling: int
-    token: int
-    q_token: float | None
-    u_draft: float | None
-    p_token: float
-    residual: float | None
-    accept_prob: float | None
-    u_accept: float | None
-    decision: str
-    reach: float
-    token_text: str | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass
-class RoundRecord:
-    """One round: its first output position, the tree's size and depth, the exact expected number
-    of emitted tokens given the drafted tree, and how many were emitted and accepted."""
-
-    block: int
-    position: int
-    nodes: int
-    depth: int
-    expected_tokens: float
-    emitted: int
-    accepted: int
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def generate_tree(
-    loaded: LoadedModel,
-    drafter: Any,
-    rule: Rule,
-    spec: TreeSpec,
-    prompt: list[int],
-    *,
-    max_new_tokens: int,
-    seed: int,
-    policy: Policy,
-    draft_policy: Policy,
-    eos: set[int],
-    record: bool = True,
-    top_k_record: int = 20,
-    on_record: Callable[[PositionRecord], None] | None = None,
-    on_round: Callable[[RoundRecord, list[NodeRecord]], None] | None = None,
-    should_stop: Callable[[], bool] | None = None,
-    seams: EngineSeams = CORRECT,
-) -> Run:
-    """Generate with tree verification (``engine.generate`` with a tree calls this)."""
-    if not hasattr(drafter, "propose_tree"):
-        raise EngineError(f"the drafter {getattr(drafter, 'name', drafter)!r} cannot draft trees; use early-exit:L, model:ID or ngram:N")
-    if isinstance(drafter, NgramDrafter) and spec.children != "top":
-        raise EngineError("n-gram drafts are deterministic; use --tree-children top with an n-gram drafter")
-    vocab = loaded.vocab_size
-    scorer = seams.scorer(loaded)
-    run = Run(tokens=[], records=[], prompt_ids=prompt, rule=rule.spec, draft=drafter.name, gamma=0, seed=seed,
-              policy=policy, draft_policy=draft_policy, tree=spec)
-    committed = list(prompt)
+def tree_row(row: Any, drafter: Any, scorer: Any, spec: TreeSpec, vocab: int, tokenizer: Any, seams: EngineSeams):
+    """Generate one row (``batch.RowPlan``) with tree rounds; a generator like ``chain.chain_row``."""
+    rule, seed, eos = row.rule, row.seed, row.eos
+    run = Run(tokens=[], records=[], prompt_ids=row.prompt, rule=rule.spec, draft=drafter.name, gamma=0, seed=seed,
+              policy=row.policy, draft_policy=row.draft_policy, tree=spec)
+    committed = list(row.prompt)
     start = time.perf_counter()
-    for position, budget in rounds(run, max_new_tokens, should_stop):
+    for position, budget in rounds(run, row.max_new_tokens, row.should_stop):
         def uniform(depth: int, index: int, _position: int = position) -> float:
             return uniform_scalar(seed, _position + depth - 1, "draft", index)
 
-        draft = drafter.propose_tree(committed, spec.limited(budget), uniform, vocab, eos)
-        logits = fit_vocabulary(scorer.score_tree(committed, draft.tree), vocab)
-        p_laws = seams.target_laws(logits, policy, len(draft.tree.tokens))
+        draft = yield from drafter.propose_tree(committed, spec.limited(budget), uniform, vocab, eos)
+        logits = fit_vocabulary((yield from scorer.score_tree(committed, draft.tree)), vocab)
+        p_laws = seams.target_laws(logits, row.policy, len(draft.tree.tokens))
         steps = seams.tree_steps(rule, draft, p_laws, spec.children)
         result = walk(rule, draft, p_laws, steps, seed, position, eos, budget)
-        if record:  # the exact expectation needs every node's steps; a run that records nothing skips them
+        if row.record:  # the exact expectation needs every node's steps; a run that records nothing skips them
             reach = reach_probabilities(draft, steps)
             round_ = RoundRecord(block=run.blocks, position=position, nodes=len(draft.tree.tokens),
                                  depth=max(draft.tree.depths, default=0),
                                  expected_tokens=expected_tokens(draft, reach, eos, budget),
                                  emitted=len(result.decisions), accepted=len(result.path))
-            _keep_records(run, rule, draft, p_laws, steps, result, reach, round_, loaded.tokenizer, top_k_record,
-                          on_record, on_round)
+            _keep_records(run, rule, draft, p_laws, steps, result, reach, round_, tokenizer, row.top_k_record,
+                          row.on_record, row.on_round)
         run.blocks += 1
         run.drafted += len(draft.tree.tokens)
         run.accepted += len(result.path)
@@ -139,7 +70,7 @@ def generate_tree(
         if result.finished:
             run.stop_reason = "eos"
             break
-    return finish(run, start, loaded.tokenizer)
+    return finish(run, start, tokenizer)
 
 
 def _keep_records(run: Run, rule: Rule, draft: DraftTree, p_laws: torch.Tensor, steps: dict[int, NodeSteps],
@@ -173,7 +104,7 @@ def node_records(block: int, draft: DraftTree, p_laws: torch.Tensor, steps: dict
             block=block, node=node, parent=parent, depth=depths[node], sibling=sibling, token=token,
             q_token=draft.q_token[node], u_draft=draft.u_draft[node], p_token=float(p_laws[parent + 1, token]),
             residual=at.residual[sibling], accept_prob=at.accept[sibling], u_accept=None if tried is None else tried[0],
-            decision=decision, reach=reach[node], token_text=_decode_one(tokenizer, token),
+            decision=decision, reach=reach[node], token_text=decode_one(tokenizer, token),
         ))
     return records
 
@@ -184,7 +115,7 @@ def _position_record(block: int, position: int, index: int, rule: Rule, draft: D
     row = decision.node + 1
     p_row = p_laws[row]
     law = decision.law
-    p_ids, p_probs, p_tail = _top(p_row, top_k_record)
+    p_ids, p_probs, p_tail = top_entries(p_row, top_k_record)
     values: dict[str, Any] = {
         "entropy_p": entropy(p_row).item(),
         "tv_target": total_variation(law, p_row).item(),
@@ -205,11 +136,11 @@ def _position_record(block: int, position: int, index: int, rule: Rule, draft: D
         child = decision.child
         draft_token = draft.tree.tokens[child]
         q_row = draft.q_laws[row]
-        q_ids, q_probs, q_tail = _top(q_row, top_k_record)
+        q_ids, q_probs, q_tail = top_entries(q_row, top_k_record)
         draft_fields = {
             "draft_token": draft_token, "p_draft": float(p_row[draft_token]), "q_draft": draft.q_token[child],
             "accept_prob": decision.accept_prob, "u_draft": draft.u_draft[child], "u_accept": decision.u_accept,
-            "draft_text": _decode_one(tokenizer, draft_token),
+            "draft_text": decode_one(tokenizer, draft_token),
             "q_top_ids": q_ids, "q_top_probs": q_probs, "q_tail": q_tail,
         }
         values.update(alpha=1.0 - survive, tv_pq=total_variation(p_row, q_row).item(), entropy_q=entropy(q_row).item(),
@@ -217,6 +148,6 @@ def _position_record(block: int, position: int, index: int, rule: Rule, draft: D
     return PositionRecord(
         position=position, block=block, index_in_block=index, kind=decision.kind, token=decision.token,
         p_token=float(p_row[decision.token]), u_fallback=decision.u_fallback,
-        p_top_ids=p_ids, p_top_probs=p_probs, p_tail=p_tail, token_text=_decode_one(tokenizer, decision.token),
+        p_top_ids=p_ids, p_top_probs=p_probs, p_tail=p_tail, token_text=decode_one(tokenizer, decision.token),
         tree_node=decision.node, **draft_fields, **values,
     )

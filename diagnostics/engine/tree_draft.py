@@ -19,20 +19,20 @@ tokens the chain engine draws with the same seed.
 
 A model drafter expands level by level: one forward for the uncached committed tokens (the
 root's law), then one forward per depth over that depth's nodes under a tree attention mask
-(``diagnostics.tree_attention``). Its cache then holds the prefix and every node fed; after the
+(``diagnostics.engine.tree_attention``). Its cache then holds the prefix and every node fed; after the
 round it keeps the prefix and the accepted path's rows (gather, then the rest is gone).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from diagnostics.policy import Policy, probabilities
 from diagnostics.rng import sample_inverse_cdf, sample_token
-from diagnostics.tree_attention import TokenTree, keep_rows, tree_inputs
+from diagnostics.engine.tree_attention import TokenTree, tree_inputs
 
 CHILDREN_MODES = ("top", "sample", "sample-distinct")
 MAX_TREE_NODES = 128
@@ -230,10 +230,11 @@ def _children(q_draft: torch.Tensor, k: int, mode: str, depth: int, first_index:
     return chosen
 
 
-def grow(spec: TreeSpec, root_law: torch.Tensor, expand: Callable[[_Building, list[int]], list[torch.Tensor]],
-         uniform: Uniform, eos: set[int]) -> _Building:
-    """Grow a tree level by level. ``expand(building, nodes)`` returns the draft law after each of
-    ``nodes`` (a forward of the draft over them). Fixed shapes add ``K_d`` children to each
+def grow(spec: TreeSpec, root_law: torch.Tensor, expand: Callable[[_Building, list[int]], Generator],
+         uniform: Uniform, eos: set[int]) -> Generator:
+    """Grow a tree level by level (a generator: it passes on the forwards ``expand`` asks for).
+    ``expand(building, nodes)`` returns the draft law after each of ``nodes`` (a forward of the
+    draft over them). Fixed shapes add ``K_d`` children to each
     non-EOS node of depth ``d − 1``; budget shapes keep the ``N`` nodes of highest path
     probability (each level's candidates are every kept node's top ``N`` children)."""
     built = _Building(laws={-1: root_law})
@@ -253,7 +254,7 @@ def grow(spec: TreeSpec, root_law: torch.Tensor, expand: Callable[[_Building, li
         if not level:
             break
         if depth < spec.max_depth:
-            for node, law in zip(level, expand(built, level)):
+            for node, law in zip(level, (yield from expand(built, level))):
                 built.laws[node] = law
         frontier = level
     return built
@@ -305,37 +306,33 @@ def finish(built: _Building, spec: TreeSpec, vocab: int, fed: int) -> DraftTree:
 
 
 class TreeDraftingModel:
-    """The tree side of a model drafter: level-by-level forwards under a tree mask, path-only commit."""
+    """The tree side of one row of a model drafter: level-by-level forwards under a tree mask,
+    path-only commit. ``row`` is the ``drafting.ModelDrafter`` (its ``forward`` and its slot)."""
 
-    def __init__(self, cached_model, policy: Policy, fit: Callable[[torch.Tensor, int], torch.Tensor]) -> None:
-        self.model = cached_model  # a drafters.CachedModel
+    def __init__(self, row, policy: Policy, fit: Callable[[torch.Tensor, int], torch.Tensor]) -> None:
+        self.row = row
         self.policy = policy
         self.fit = fit
 
-    @torch.inference_mode()
-    def propose(self, committed: list[int], spec: TreeSpec, uniform: Uniform, vocab: int, eos: set[int]) -> DraftTree:
-        loaded = self.model.loaded
-        root_logits = self.model.forward(committed[self.model.cached :], keep=1)[0]
+    def propose(self, committed: list[int], spec: TreeSpec, uniform: Uniform, vocab: int, eos: set[int]) -> Generator:
+        row = self.row
+        root_logits = (yield from row.forward(committed[row.cached :], keep=1))[0]
         root_law = probabilities(self.fit(root_logits, vocab), self.policy)
         prefix_length = len(committed)
-        dtype = next(loaded.model.parameters()).dtype
         fed = [0]
 
-        def expand(built: _Building, level: list[int]) -> list[torch.Tensor]:
+        def expand(built: _Building, level: list[int]) -> Generator:
             so_far = TokenTree(parents=tuple(built.parents), tokens=tuple(built.tokens))
-            # Every node of an earlier depth was fed in creation order, so the cache holds the
+            # Every node of an earlier depth was fed in creation order, so the slot holds the
             # prefix and nodes[:level[0]], and this level's nodes are the queries.
             assert fed[0] == level[0], "a tree level must follow every earlier node in the draft cache"
-            mask, positions = tree_inputs(prefix_length, so_far, dtype, cached=prefix_length, first_node=level[0])
-            ids = torch.tensor([[built.tokens[node] for node in level]], device=loaded.device)
-            out = loaded.model(input_ids=ids, attention_mask=mask.to(loaded.device), position_ids=positions.to(loaded.device),
-                               past_key_values=self.model.cache, use_cache=True)
+            mask, positions = tree_inputs(prefix_length, so_far, torch.float32, cached=prefix_length, first_node=level[0])
+            logits = yield from row.forward([built.tokens[node] for node in level], keep=len(level),
+                                            positions=positions[0], visible=mask[0, 0] == 0)
             fed[0] += len(level)
-            self.model.cached += len(level)
-            logits = self.fit(out.logits[0].float(), vocab)
-            return list(probabilities(logits, self.policy))
+            return list(probabilities(self.fit(logits, vocab), self.policy))
 
-        built = grow(spec, root_law, expand, uniform, eos)
+        built = yield from grow(spec, root_law, expand, uniform, eos)
         return finish(built, spec, vocab, fed[0])
 
     def commit(self, prefix_length: int, draft: DraftTree, path: list[int]) -> None:
@@ -346,9 +343,9 @@ class TreeDraftingModel:
             if row is None:
                 break
             rows.append(prefix_length + row)
-        if self.model.cached > len(rows) or rows != list(range(len(rows))):
-            keep_rows(self.model.cache, rows)
-        self.model.cached = len(rows)
+        if rows != list(range(len(rows))):
+            self.row.stage.keep_rows(self.row.slot, rows)
+        self.row.cached = len(rows)
 
 
 def ngram_tree(context: list[int], n: int, spec: TreeSpec, vocab: int, eos: set[int]) -> DraftTree:

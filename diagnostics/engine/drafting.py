@@ -1,26 +1,32 @@
-"""Drafters and the target scorer: KV-cached forwards with rollback to the committed prefix.
+"""Row-level drafters and the target scorer: what one sequence asks of the batched forwards.
 
 A drafter proposes up to ``count`` tokens after the committed sequence and returns the law each
 was drawn from (``q``, over the target's vocabulary). Randomness comes from the engine through
 ``draw(q, index)``, so the drafters hold no random state of their own.
+
+Every method that needs a model is a generator: it yields ``forward.Forward`` requests and gets
+back ``forward.Output`` (``diagnostics.engine.batch`` runs the requests of many rows in one
+call). A row knows how many of its tokens its slot holds (``cached``); rolling back is lowering
+that number, and the next request overwrites what was refused.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Generator
+from typing import Any, Protocol
 
 import torch
 
-from diagnostics.models import LoadedModel
+from diagnostics.engine.forward import Forward, Output
+from diagnostics.engine.tree_attention import TokenTree, tree_inputs
+from diagnostics.engine.tree_draft import DraftTree, TreeDraftingModel, TreeSpec, Uniform, ngram_tree
 from diagnostics.policy import Policy, probabilities
-from diagnostics.tree_attention import TokenTree, keep_rows, tree_inputs
-from diagnostics.tree_draft import DraftTree, TreeDraftingModel, TreeSpec, Uniform, ngram_tree
 
 Draw = Callable[[torch.Tensor, int], int]
+Asks = Generator[Forward, Output, Any]  # a row's requests; the value it returns is the answer
 
 
-def _new_cache(model) -> object:
+def new_cache(model) -> object:
     """An empty ``DynamicCache`` laid out for ``model``'s layers, as ``DynamicCache(config=…)`` builds it.
 
     Reading the layer layout from the config costs more than a tiny model's whole forward, and
@@ -70,50 +76,29 @@ def fit_vocabulary(logits: torch.Tensor, vocab: int) -> torch.Tensor:
     return torch.cat([logits, pad], dim=-1)
 
 
-class CachedModel:
-    """A causal LM with a KV cache over a token sequence that only grows or is cut back."""
-
-    def __init__(self, loaded: LoadedModel) -> None:
-        from diagnostics.fast_forward import DirectForward, supports_direct_forward
-
-        self.loaded = loaded
-        self.cache = _new_cache(loaded.model)
-        self.cached = 0  # tokens whose keys and values are in the cache
-        # The model's own modules without its forward's wrapper where that is the same loop.
-        self.direct = DirectForward(loaded) if supports_direct_forward(loaded) else None
-
-    @torch.inference_mode()
-    def forward(self, tokens: list[int], keep: int) -> torch.Tensor:
-        """Feed ``tokens`` after the cached prefix; logits of the last ``keep`` inputs, ``[keep, V]``."""
-        if self.direct is not None:
-            logits = self.direct(tokens, self.cached, self.cache, keep)
-            self.cached += len(tokens)
-            return logits
-        input_ids = torch.tensor([tokens], dtype=torch.long, device=self.loaded.device)
-        output = self.loaded.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep)
-        self.cached += len(tokens)
-        return output.logits[0, -keep:].float()
-
-    def rollback(self, length: int) -> None:
-        """Keep the first ``length`` cached tokens (the committed prefix), drop the rest."""
-        if length < self.cached:
-            # transformers >= 5: a negative argument removes that many trailing tokens.
-            self.cache.crop(length - self.cached)
-            self.cached = length
-
-
-class TargetScorer(CachedModel):
+class TargetScorer:
     """Scores ``γ + 1`` positions in one forward: after the committed prefix and after each draft.
 
     For a tree, ``score_tree`` scores the root and every node in one forward under the tree mask
-    (``diagnostics.tree_attention``), and ``keep_path`` then keeps the prefix and the accepted
-    path's rows of the cache. ``tree_inputs`` and ``path_rows`` are the two steps an audit's
-    planted bug may replace in a subclass.
+    (``diagnostics.engine.tree_attention``), and ``keep_path`` then keeps the prefix and the
+    accepted path's rows of the slot. ``rollback``, ``tree_inputs`` and ``path_rows`` are the
+    steps an audit's planted bug may replace in a subclass.
     """
 
-    def score(self, committed: list[int], drafts: list[int]) -> torch.Tensor:
+    def __init__(self, stage: Any, slot: int) -> None:
+        self.stage, self.slot = stage, slot
+        self.cached = 0  # tokens of this row whose keys and values the slot holds
+
+    def score(self, committed: list[int], drafts: list[int]) -> Asks:
+        """Logits ``[len(drafts) + 1, V]``: after ``committed`` and after each draft."""
         feed = committed[self.cached :] + drafts
-        return self.forward(feed, keep=len(drafts) + 1)
+        output = yield Forward(self.stage, self.slot, self.cached, tokens=feed, keep=len(drafts) + 1)
+        self.cached += len(feed)
+        return output.logits
+
+    def rollback(self, length: int) -> None:
+        """Keep the first ``length`` cached tokens (the committed prefix); the rest is overwritten next."""
+        self.cached = min(self.cached, length)
 
     tree_inputs = staticmethod(tree_inputs)
 
@@ -122,26 +107,24 @@ class TargetScorer(CachedModel):
         """Cache rows to keep after a round: the prefix, then each accepted node's row in path order."""
         return list(range(prefix_length)) + [prefix_length + node for node in path]
 
-    @torch.inference_mode()
-    def score_tree(self, committed: list[int], tree: TokenTree) -> torch.Tensor:
+    def score_tree(self, committed: list[int], tree: TokenTree) -> Asks:
         """Logits ``[N + 1, V]``: row 0 after ``committed`` (the root), row ``i + 1`` after the path to node ``i``."""
+        feed = committed[self.cached :]
         if not tree.tokens:
-            return self.forward(committed[self.cached :], keep=1)
-        loaded = self.loaded
-        dtype = next(loaded.model.parameters()).dtype
-        mask, positions = self.tree_inputs(len(committed), tree, dtype, self.cached)
-        ids = torch.tensor([committed[self.cached :] + list(tree.tokens)], dtype=torch.long, device=loaded.device)
-        keep = len(tree.tokens) + 1
-        output = loaded.model(input_ids=ids, attention_mask=mask.to(loaded.device), position_ids=positions.to(loaded.device),
-                              past_key_values=self.cache, use_cache=True, logits_to_keep=keep)
+            output = yield Forward(self.stage, self.slot, self.cached, tokens=feed, keep=1)
+            self.cached += len(feed)
+            return output.logits
+        mask, positions = self.tree_inputs(len(committed), tree, torch.float32, self.cached)
+        output = yield Forward(self.stage, self.slot, self.cached, tokens=feed + list(tree.tokens),
+                               positions=positions[0], visible=mask[0, 0] == 0, keep=len(tree.tokens) + 1)
         self.cached = len(committed) + len(tree.tokens)
-        return output.logits[0, -keep:].float()
+        return output.logits
 
     def keep_path(self, prefix_length: int, tree: TokenTree, path: list[int]) -> None:
         """Gather the prefix and the accepted path's rows; every other node's keys and values go."""
         rows = self.path_rows(prefix_length, tree, path)
-        if rows != list(range(self.cached)):
-            keep_rows(self.cache, rows)
+        if rows != list(range(len(rows))):
+            self.stage.keep_rows(self.slot, rows)
         self.cached = len(rows)
 
 
@@ -158,37 +141,45 @@ def unsure(q_draft: torch.Tensor, token: int, draft_stop: float | None) -> bool:
 class Drafter(Protocol):
     name: str
 
-    def propose(self, committed: list[int], count: int, draw: Draw, vocab: int, eos: set[int]) -> tuple[list[int], torch.Tensor]:
-        """Up to ``count`` draft tokens after ``committed`` and their laws ``[n, vocab]``."""
+    def propose(self, committed: list[int], count: int, draw: Draw, vocab: int, eos: set[int]) -> Asks:
+        """Up to ``count`` draft tokens after ``committed`` and their laws ``[n, vocab]`` (a generator)."""
 
     def commit(self, length: int) -> None:
         """The first ``length`` tokens of the last proposal's context are now committed."""
 
 
 class ModelDrafter:
-    """A separate model (or the target's early exit) sampled autoregressively with its own KV cache."""
+    """One row of a separate draft model (or the target's early exit) sampled autoregressively."""
 
-    def __init__(self, loaded: LoadedModel, policy: Policy, name: str, draft_stop: float | None = None) -> None:
-        self.model = CachedModel(loaded)
+    def __init__(self, stage: Any, slot: int, policy: Policy, name: str, draft_stop: float | None = None) -> None:
+        self.stage, self.slot = stage, slot
+        self.cached = 0
         self.policy = policy
         self.name = name
         self.draft_stop = draft_stop  # end the block after a draft x with q(x) below this
-        self.trees = TreeDraftingModel(self.model, policy, fit_vocabulary)
+        self.trees = TreeDraftingModel(self, policy, fit_vocabulary)
 
-    def propose_tree(self, committed: list[int], spec: TreeSpec, uniform: Uniform, vocab: int, eos: set[int]) -> DraftTree:
-        """A tree of drafts after ``committed`` (see ``diagnostics.tree_draft``)."""
-        return self.trees.propose(committed, spec, uniform, vocab, eos)
+    def forward(self, tokens: list[int], keep: int, positions: torch.Tensor | None = None,
+                visible: torch.Tensor | None = None) -> Asks:
+        """Feed ``tokens`` after the cached ones; logits of the last ``keep`` ``[keep, V]``."""
+        output = yield Forward(self.stage, self.slot, self.cached, tokens=tokens, keep=keep, positions=positions, visible=visible)
+        self.cached += len(tokens)
+        return output.logits
+
+    def propose_tree(self, committed: list[int], spec: TreeSpec, uniform: Uniform, vocab: int, eos: set[int]) -> Asks:
+        """A tree of drafts after ``committed`` (see ``diagnostics.engine.tree_draft``)."""
+        return (yield from self.trees.propose(committed, spec, uniform, vocab, eos))
 
     def commit_tree(self, prefix_length: int, draft: DraftTree, path: list[int]) -> None:
         """The prefix and the accepted path's nodes are committed; every other node is forgotten."""
         self.trees.commit(prefix_length, draft, path)
 
-    def propose(self, committed: list[int], count: int, draw: Draw, vocab: int, eos: set[int]) -> tuple[list[int], torch.Tensor]:
+    def propose(self, committed: list[int], count: int, draw: Draw, vocab: int, eos: set[int]) -> Asks:
         tokens: list[int] = []
         laws: list[torch.Tensor] = []
-        feed = committed[self.model.cached :]
+        feed = committed[self.cached :]
         for index in range(count):
-            logits = fit_vocabulary(self.model.forward(feed, keep=1)[0], vocab)
+            logits = fit_vocabulary((yield from self.forward(feed, keep=1))[0], vocab)
             q_draft = probabilities(logits, self.policy)
             token = draw(q_draft, index)
             tokens.append(token)
@@ -196,32 +187,34 @@ class ModelDrafter:
             if token in eos or unsure(q_draft, token, self.draft_stop):
                 break  # anything drafted after EOS could never be emitted
             feed = [token]
-        # The last drafted token was never fed: the cache covers committed + tokens[:-1].
+        # The last drafted token was never fed: the slot holds committed + tokens[:-1].
         return tokens, torch.stack(laws) if laws else torch.empty(0, vocab, dtype=torch.float64)
 
     def commit(self, length: int) -> None:
-        self.model.rollback(length)
+        self.cached = min(self.cached, length)
 
 
 class NgramDrafter:
     """Prompt lookup: copy what followed the latest earlier occurrence of the context's last n-gram.
 
     Tries ``n``, then shorter n-grams down to 1. The proposal is deterministic, so each draft's
-    law is a point mass ``q = δ_x``.
+    law is a point mass ``q = δ_x``. It asks no model for anything.
     """
 
     def __init__(self, n: int) -> None:
         self.n = n
         self.name = f"ngram:{n}"
 
-    def propose_tree(self, committed: list[int], spec: TreeSpec, uniform: Uniform, vocab: int, eos: set[int]) -> DraftTree:
+    def propose_tree(self, committed: list[int], spec: TreeSpec, uniform: Uniform, vocab: int, eos: set[int]) -> Asks:
         """A trie of the continuations of several earlier matches (see ``tree_draft.ngram_tree``)."""
+        yield from ()
         return ngram_tree(committed, self.n, spec, vocab, eos)
 
     def commit_tree(self, prefix_length: int, draft: DraftTree, path: list[int]) -> None:
         return None
 
-    def propose(self, committed: list[int], count: int, draw: Draw, vocab: int, eos: set[int]) -> tuple[list[int], torch.Tensor]:
+    def propose(self, committed: list[int], count: int, draw: Draw, vocab: int, eos: set[int]) -> Asks:
+        yield from ()
         tokens = self._lookup(committed, count)
         for index, token in enumerate(tokens):
             if token in eos:

@@ -213,6 +213,16 @@ class DecoderParts:
             mask = torch.zeros(hidden_from.shape, dtype=self.dtype, device=hidden.device)
             mask.masked_fill_(hidden_from, torch.finfo(self.dtype).min)
             mask = mask[None, None]
+        return self._layers(hidden, positions, rotary, mask, layers, cache)
+
+    def run_rows(self, hidden: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, layers: list[Any],
+                 cache: Any) -> torch.Tensor:
+        """``hidden`` ``[B, Q, H]`` of rows with their own ``positions`` ``[B, Q]`` and additive ``mask``
+        ``[B, 1, Q, K]`` (``diagnostics.engine.forward``) through ``layers``."""
+        return self._layers(hidden, positions, self.rotary(hidden, positions), mask, layers, cache)
+
+    def _layers(self, hidden: torch.Tensor, positions: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor],
+                mask: torch.Tensor | None, layers: list[Any], cache: Any) -> torch.Tensor:
         cos, sin = rotary[0].unsqueeze(1), rotary[1].unsqueeze(1)  # a head axis, once for every lean layer
         for layer in layers:
             lean = self.lean.get(id(layer))

@@ -30,7 +30,7 @@ import torch
 
 from diagnostics.rng import sample_token, uniform_scalar
 from diagnostics.rules import Rule
-from diagnostics.tree_draft import DraftTree
+from diagnostics.engine.tree_draft import DraftTree
 
 
 @dataclass

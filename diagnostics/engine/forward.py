@@ -1,0 +1,365 @@
+"""Batched forwards over ragged rows: one KV store per model, one slot per sequence, one call per step.
+
+Every model call of the engine is a ``Forward`` request of one row: feed ``n`` inputs (tokens, or
+hidden states for the upper half of a split model) whose keys and values go to cache positions
+``start … start + n − 1`` of the row's slot, at rotary positions ``positions`` (default: the same
+numbers), each input seeing the keys ``visible[i]`` of ``[0, start + n)`` (default: causal). A
+``Stage`` runs the requests of many rows in one forward:
+
+* inputs are padded to ``Q = max n``; the padded queries write past their row's data (positions a
+  row has not committed, overwritten before it reads them) and their outputs are dropped;
+* keys are the store's ``[S, H, capacity, D]`` tensors cut to ``K = max(start) + Q``, a view when
+  the rows are the store's slots in order (the lock-step case), a gather otherwise;
+* an additive mask ``[B, 1, Q, K]`` (0 visible, the dtype's most negative value hidden) gives each
+  row its own length, causality and tree visibility (the mechanism the tree forward uses).
+
+Rolling a row back is free: its owner lowers its ``start``, and the next request overwrites the
+refused positions. A tree round keeps the accepted path with ``keep_rows`` on that slot only.
+
+When every request is plainly causal with one common ``start`` and ``n`` (one row, or lock-step
+decoding), no mask is built and the forward is exactly the unbatched one. Three stages:
+
+* ``DirectStage``: Llama-family models through ``fast_forward.DecoderParts`` (the model's own
+  modules), optionally a slice of the layers (self-speculation);
+* ``ModuleStage``: a module that declares ``accepts_slot_cache`` (it reads a 4D additive mask,
+  per-row ``position_ids`` and calls ``past_key_values.update``), such as the tests' tiny LM;
+* ``RowStage``: any other causal LM, one forward per row with its own ``DynamicCache`` (correct
+  everywhere, batched nowhere).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from diagnostics.models import LoadedModel
+
+
+@dataclass
+class Forward:
+    """One row's part of a batched forward (see the module docstring)."""
+
+    stage: Any
+    slot: int
+    start: int
+    tokens: list[int] | None = None
+    hidden: torch.Tensor | None = None  # [n, H]: inputs of a split model's upper layers
+    positions: torch.Tensor | None = None  # [n] long
+    visible: torch.Tensor | None = None  # [n, start + n] bool
+    keep: int = 1  # outputs of the last ``keep`` inputs (at most all of them)
+
+    def __post_init__(self) -> None:
+        self.keep = min(self.keep, self.size)
+
+    @property
+    def size(self) -> int:
+        return len(self.tokens) if self.tokens is not None else int(self.hidden.shape[0])
+
+    @property
+    def plain(self) -> bool:
+        return self.positions is None and self.visible is None
+
+
+@dataclass
+class Output:
+    """What a row gets back: float32 logits of its last ``keep`` inputs ``[keep, V]`` and, for a stage
+    that keeps them, the hidden states of all its inputs ``[n, H]``."""
+
+    logits: torch.Tensor | None
+    hidden: torch.Tensor | None = None
+
+
+def _uniform(requests: list[Forward]) -> bool:
+    """Plain causal requests with one ``start`` and one ``n``: the unbatched forward's shape, no mask."""
+    first = requests[0]
+    return all(r.plain and r.start == first.start and r.size == first.size for r in requests)
+
+
+class SlotStore:
+    """Keys and values of every row, per layer ``[S, H, capacity, D]``, written at per-row positions.
+
+    ``prepare`` names the rows of the next forward, where they write and how many keys it reads;
+    ``update`` (called by each attention layer, the ``Cache`` method transformers' layers call)
+    writes the new keys and values and returns the keys and values the queries attend over.
+    """
+
+    def __init__(self, slots: int = 1, capacity: int = 64) -> None:
+        self.slots = max(1, slots)
+        self.capacity = max(8, capacity)
+        self.keys: dict[int, torch.Tensor] = {}
+        self.values: dict[int, torch.Tensor] = {}
+        self.free = list(range(self.slots))
+        self._rows: torch.Tensor | None = None
+        self._all = False
+        self._columns: torch.Tensor | None = None
+        self._width = 0
+
+    @torch.inference_mode()
+    def attach(self) -> int:
+        """A free slot for a new row (the store grows when every slot is taken)."""
+        if not self.free:
+            grown = self.slots * 2
+            for table in (self.keys, self.values):
+                for layer, tensor in table.items():
+                    extra = tensor.new_zeros((grown - self.slots, *tensor.shape[1:]))
+                    table[layer] = torch.cat([tensor, extra])
+            self.free = list(range(self.slots, grown))
+            self.slots = grown
+        self.free.sort()
+        return self.free.pop(0)
+
+    def detach(self, slot: int) -> None:
+        """The row in ``slot`` left; a joining row reuses the slot (its stale contents are overwritten)."""
+        self.free.append(slot)
+
+    def prepare(self, slots: list[int], starts: list[int], count: int, device: torch.device) -> int:
+        """Set up the next forward: rows ``slots`` write ``count`` inputs from ``starts``; returns ``K``."""
+        width = max(starts) + count
+        self._rows = torch.tensor(slots, dtype=torch.long, device=device)
+        self._all = slots == list(range(self.slots))
+        self._columns = torch.tensor(starts, dtype=torch.long, device=device)[:, None] + torch.arange(count, device=device)
+        self._width = width
+        return width
+
+    def _table(self, table: dict[int, torch.Tensor], layer: int, like: torch.Tensor) -> torch.Tensor:
+        tensor = table.get(layer)
+        if tensor is None or tensor.shape[2] < self._width:
+            capacity = max(self.capacity, self._width)
+            while capacity < self._width:
+                capacity *= 2
+            if tensor is not None:
+                capacity = max(capacity, tensor.shape[2] * 2)
+            grown = like.new_zeros((self.slots, like.shape[1], capacity, like.shape[3]))
+            if tensor is not None:
+                grown[:, :, : tensor.shape[2]] = tensor
+            self.capacity = max(self.capacity, capacity)
+            table[layer] = tensor = grown
+        return tensor
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, cache_kwargs: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write ``key``/``value`` ``[B, H, Q, D]`` at each row's columns; the keys and values ``[B, H, K, D]`` it reads."""
+        out = []
+        for table, new in ((self.keys, key), (self.values, value)):
+            tensor = self._table(table, layer_idx, new)
+            rows = self._rows[:, None].expand_as(self._columns)
+            tensor[rows, :, self._columns] = new.transpose(1, 2).to(tensor.dtype)
+            out.append(tensor[:, :, : self._width] if self._all else tensor[:, :, : self._width].index_select(0, self._rows))
+        return out[0], out[1]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self._width
+
+    @torch.inference_mode()
+    def keep_rows(self, slot: int, rows: list[int]) -> None:
+        """Keep the cached tokens at ``rows`` (in that order) as the first ``len(rows)`` of ``slot``."""
+        for table in (self.keys, self.values):
+            for tensor in table.values():
+                index = torch.tensor(rows, dtype=torch.long, device=tensor.device)
+                tensor[slot, :, : len(rows)] = tensor[slot].index_select(1, index)
+
+
+def additive_mask(requests: list[Forward], count: int, width: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``[B, 1, Q, K]``: 0 where query ``i`` of row ``b`` sees key ``j``, ``finfo(dtype).min`` elsewhere.
+
+    Plain rows are causal (query ``i`` sees keys ``≤ start + i``); a row's ``visible`` replaces its
+    real queries' rows. Padded queries see their own causal prefix (their outputs are dropped)."""
+    starts = torch.tensor([r.start for r in requests], dtype=torch.long)
+    columns = torch.arange(width)
+    allowed = columns[None, None, :] <= (starts[:, None] + torch.arange(count))[:, :, None]
+    for row, request in enumerate(requests):
+        if request.visible is not None:
+            size, seen = request.visible.shape
+            allowed[row, :size, :seen] = request.visible.to(torch.bool)
+            allowed[row, :size, seen:] = False
+    mask = torch.full(allowed.shape, torch.finfo(dtype).min, dtype=dtype).masked_fill_(allowed, 0.0)
+    return mask[:, None].to(device)
+
+
+def positions_of(requests: list[Forward], count: int, device: torch.device) -> torch.Tensor:
+    """``[B, Q]`` rotary positions: each row's own, padded queries continuing from ``start + i``."""
+    rows = []
+    for request in requests:
+        default = torch.arange(request.start, request.start + count)
+        if request.positions is not None:
+            default[: request.size] = request.positions.reshape(-1).to(torch.long).cpu()
+        rows.append(default)
+    return torch.stack(rows).to(device)
+
+
+def _kept_rows(requests: list[Forward], count: int) -> torch.Tensor:
+    """Flat indices ``b·Q + i`` of each row's last ``keep`` real inputs, row after row."""
+    index = []
+    for row, request in enumerate(requests):
+        index.extend(range(row * count + request.size - request.keep, row * count + request.size))
+    return torch.tensor(index, dtype=torch.long)
+
+
+def _split(flat: torch.Tensor, requests: list[Forward]) -> list[torch.Tensor]:
+    return list(torch.split(flat, [r.keep for r in requests]))
+
+
+class DirectStage:
+    """Layers ``layers`` of a Llama-family model (``DecoderParts``) over a ``SlotStore``, batched.
+
+    ``takes_hidden``: the inputs are hidden states (a split model's upper layers), else token ids.
+    ``keeps_hidden``: return every input's hidden state after the last layer too (the lower half
+    of a split model keeps them for the upper half).
+    """
+
+    def __init__(self, parts: Any, store: SlotStore, layers: list[Any] | None = None, order: int = 1,
+                 takes_hidden: bool = False, keeps_hidden: bool = False) -> None:
+        self.parts, self.store = parts, store
+        self.layers = parts.layers if layers is None else layers
+        self.order = order
+        self.takes_hidden, self.keeps_hidden = takes_hidden, keeps_hidden
+
+    def keep_rows(self, slot: int, rows: list[int]) -> None:
+        self.store.keep_rows(slot, rows)
+
+    @torch.inference_mode()
+    def run(self, requests: list[Forward]) -> list[Output]:
+        parts = self.parts
+        count = max(r.size for r in requests)
+        if self.takes_hidden:
+            first = requests[0].hidden
+            hidden = first.new_zeros((len(requests), count, first.shape[-1]))
+            for row, request in enumerate(requests):
+                hidden[row, : request.size] = request.hidden
+        else:
+            ids = [list(r.tokens) + [0] * (count - r.size) for r in requests]
+            hidden = parts.embed(torch.tensor(ids, dtype=torch.long, device=parts.device))
+        self.store.prepare([r.slot for r in requests], [r.start for r in requests], count, hidden.device)
+        if _uniform(requests):
+            hidden = parts.run(hidden, requests[0].start, self.layers, self.store)
+        else:
+            width = self.store.get_seq_length()
+            mask = additive_mask(requests, count, width, parts.dtype, hidden.device)
+            hidden = parts.run_rows(hidden, positions_of(requests, count, hidden.device), mask, self.layers, self.store)
+        if len(requests) == 1:  # the unbatched slice, so one row's head sees exactly what it did alone
+            request = requests[0]
+            kept = hidden[0, request.size - request.keep : request.size]
+        else:
+            kept = hidden.reshape(-1, hidden.shape[-1]).index_select(0, _kept_rows(requests, count).to(hidden.device))
+        logits = _split(parts.logits(kept), requests)
+        if not self.keeps_hidden:
+            return [Output(logits=row) for row in logits]
+        return [Output(logits=row, hidden=hidden[index, : r.size]) for index, (row, r) in enumerate(zip(logits, requests))]
+
+
+class ModuleStage:
+    """A module that takes the slot store as its cache (``accepts_slot_cache``): one call per step."""
+
+    def __init__(self, loaded: LoadedModel, store: SlotStore, order: int = 1) -> None:
+        self.loaded, self.store, self.order = loaded, store, order
+        self.takes_hidden = self.keeps_hidden = False
+
+    def keep_rows(self, slot: int, rows: list[int]) -> None:
+        self.store.keep_rows(slot, rows)
+
+    @torch.inference_mode()
+    def run(self, requests: list[Forward]) -> list[Output]:
+        device = self.loaded.device
+        count = max(r.size for r in requests)
+        ids = torch.tensor([list(r.tokens) + [0] * (count - r.size) for r in requests], dtype=torch.long, device=device)
+        width = self.store.prepare([r.slot for r in requests], [r.start for r in requests], count, device)
+        extra: dict[str, Any] = {"position_ids": positions_of(requests, count, device)}
+        if not _uniform(requests):
+            extra["attention_mask"] = additive_mask(requests, count, width, torch.float32, device)
+        logits = self.loaded.model(input_ids=ids, past_key_values=self.store, use_cache=True, **extra).logits.float()
+        if len(requests) == 1:
+            request = requests[0]
+            return [Output(logits=logits[0, request.size - request.keep : request.size])]
+        flat = logits.reshape(-1, logits.shape[-1]).index_select(0, _kept_rows(requests, count).to(logits.device))
+        return [Output(logits=row) for row in _split(flat, requests)]
+
+
+class RowStage:
+    """Any causal LM: one forward per row over that row's own ``DynamicCache`` (cut back to ``start``)."""
+
+    def __init__(self, loaded: LoadedModel, order: int = 1) -> None:
+        self.loaded, self.order = loaded, order
+        self.takes_hidden = self.keeps_hidden = False
+        self.store = RowStore(loaded)
+
+    def keep_rows(self, slot: int, rows: list[int]) -> None:
+        from diagnostics.engine.tree_attention import keep_rows
+
+        keep_rows(self.store.caches[slot], rows)
+        self.store.lengths[slot] = len(rows)
+
+    @torch.inference_mode()
+    def run(self, requests: list[Forward]) -> list[Output]:
+        return [Output(logits=self._one(request)) for request in requests]
+
+    def _one(self, request: Forward) -> torch.Tensor:
+        loaded, store = self.loaded, self.store
+        cache = store.caches[request.slot]
+        surplus = store.lengths[request.slot] - request.start
+        if surplus > 0:
+            cache.crop(-surplus)  # transformers >= 5: a negative count removes that many trailing tokens
+        ids = torch.tensor([list(request.tokens)], dtype=torch.long, device=loaded.device)
+        extra: dict[str, Any] = {}
+        if not request.plain:
+            dtype = next(loaded.model.parameters()).dtype
+            extra["attention_mask"] = additive_mask([request], request.size, request.start + request.size, dtype, loaded.device)
+            extra["position_ids"] = positions_of([request], request.size, loaded.device)
+        output = loaded.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=request.keep, **extra)
+        store.lengths[request.slot] = request.start + request.size
+        return output.logits[0, -request.keep :].float()
+
+
+class RowStore:
+    """One ``DynamicCache`` per slot and the number of tokens it holds."""
+
+    def __init__(self, loaded: LoadedModel) -> None:
+        self.loaded = loaded
+        self.caches: dict[int, Any] = {}
+        self.lengths: dict[int, int] = {}
+        self.free: list[int] = []
+        self.slots = 0
+
+    def attach(self) -> int:
+        from diagnostics.engine.drafting import new_cache
+
+        if self.free:
+            self.free.sort()
+            slot = self.free.pop(0)
+        else:
+            slot, self.slots = self.slots, self.slots + 1
+        self.caches[slot], self.lengths[slot] = new_cache(self.loaded.model), 0
+        return slot
+
+    def detach(self, slot: int) -> None:
+        self.caches.pop(slot, None)
+        self.lengths.pop(slot, None)
+        self.free.append(slot)
+
+
+def accepts_slot_cache(loaded: LoadedModel) -> bool:
+    """A module that reads a 4D additive mask and per-row ``position_ids`` and writes its keys through
+    ``past_key_values.update`` (it says so with ``accepts_slot_cache = True``)."""
+    return bool(getattr(loaded.model, "accepts_slot_cache", False))
+
+
+def full_stage(loaded: LoadedModel, rows: int, capacity: int, order: int) -> Any:
+    """The batched forward of a whole model: direct where the family allows, else the module with the
+    slot store, else one forward per row."""
+    from diagnostics.engine.fast_forward import DecoderParts, supports_direct_forward
+
+    if supports_direct_forward(loaded):
+        return DirectStage(DecoderParts(loaded), SlotStore(rows, capacity), order=order)
+    if accepts_slot_cache(loaded):
+        return ModuleStage(loaded, SlotStore(rows, capacity), order=order)
+    return RowStage(loaded, order=order)
+
+
+def resolve(asks: Any) -> Any:
+    """Run one row's requests alone (each on its stage, as a batch of one) and return its answer."""
+    try:
+        request = next(asks)
+        while True:
+            request = asks.send(request.stage.run([request])[0])
+    except StopIteration as stop:
+        return stop.value

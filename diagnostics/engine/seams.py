@@ -1,0 +1,50 @@
+"""The steps of the loop a losslessness audit may replace with a planted bug (``EngineSeams``).
+
+The defaults are the correct steps; ``diagnostics.audit.mutants`` builds wrong ones. Seams are
+passed explicitly (never patched globally) so a planted engine cannot leak into another run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from diagnostics.engine.drafting import TargetScorer
+from diagnostics.engine.tree_walk import all_node_steps
+from diagnostics.policy import Policy, probabilities
+from diagnostics.rules import Rule
+
+
+def target_laws(logits: torch.Tensor, policy: Policy, drafted: int) -> torch.Tensor:
+    """``p`` for the ``drafted`` verified positions and the bonus position: the policy on every row.
+
+    ``drafted`` is unused here; it is in the signature so an audit's planted bug can treat the
+    verified rows differently from the bonus row (see ``EngineSeams``).
+    """
+    return probabilities(logits, policy)
+
+
+def fallback_law(rule: Rule, p_laws: torch.Tensor, q_laws: torch.Tensor, index: int) -> torch.Tensor:
+    """The law the token is drawn from after rejecting the draft at block index ``index``: ``f(p_i, q_i)``."""
+    return rule.fallback(p_laws[index], q_laws[index])
+
+
+@dataclass(frozen=True)
+class EngineSeams:
+    """The three steps of the loop a losslessness audit may replace with a planted bug.
+
+    The defaults are the correct steps; ``diagnostics.audit.mutants`` builds wrong ones. Passed
+    explicitly (never patched globally) so a planted engine cannot leak into another run.
+    """
+
+    target_laws: Callable[[torch.Tensor, Policy, int], torch.Tensor] = target_laws
+    fallback_law: Callable[[Rule, torch.Tensor, torch.Tensor, int], torch.Tensor] = fallback_law
+    scorer: type = TargetScorer
+    tree_steps: Callable[..., dict] = all_node_steps
+
+
+CORRECT = EngineSeams()
+
+
