@@ -1,10 +1,11 @@
-"""Coupled groups over several rules and seeds: plan, run member by member, summarise across seeds.
+"""Coupled groups over several rules and seeds: plan, run as one batch, summarise across seeds.
 
 A group runs every rule at every seed on one prompt; within a seed the runs share every uniform
 (``diagnostics.rng``), so they stay identical until a rule decides differently. The first rule
 of each seed is that seed's reference; each member's ``divergence_position`` is its first
-divergence from the reference of its own seed. Members are stored as they finish, with their
-divergence, so a group stopped half-way keeps what completed (and the interrupted member).
+divergence from the reference of its own seed. The members are the rows of one batch
+(``engine.generate_batch``), each stored as it runs, so a group stopped half-way keeps every
+member up to where it was, marked ``interrupted``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import pandas as pd
 from diagnostics.engine import EngineError, PositionRecord, Run
 from diagnostics.metrics import log_likelihood, verified_acceptance
 from diagnostics.rules import split_specs
-from diagnostics.runner import RunRequest, first_divergence, record_run
+from diagnostics.runner import RunRequest, first_divergence, record_batch
 from diagnostics.store import Store
 
 MAX_SEEDS = 32
@@ -105,25 +106,32 @@ def run_group(
     group_id: str | None = None,
     on_record_for: Callable[[int, RunRequest], Callable[[PositionRecord], None] | None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    batch_size: int | None = None,
 ) -> tuple[str, list[tuple[str, Run]], dict[str, int | None]]:
-    """Run the members in order, storing each with its divergence from its seed's reference as soon
-    as it finishes; returns the group id, the runs and each run's divergence (``None``: the
-    reference, or never). ``should_stop`` (or an interruption) ends the group after the current
-    member's block: that member is kept ``interrupted`` and no further member starts."""
+    """Run the members as rows of one batch (``runner.record_batch``), each stored as it runs, then
+    store each one's divergence from its seed's reference; returns the group id, the runs (in
+    member order) and each run's divergence (``None``: the reference, or never). ``should_stop``
+    (or an interruption) ends every member in flight after its current round, kept
+    ``interrupted``; members that had not started (a ``batch_size`` below the group's size) do not."""
     group_id = group_id or uuid.uuid4().hex[:12]
-    results: list[tuple[str, Run]] = []
-    divergence: dict[str, int | None] = {}
-    references: dict[int, Run] = {}
-    for index, request in enumerate(requests):
-        on_record = on_record_for(index, request) if on_record_for is not None else None
-        run_id, run = record_run(store, target, draft, request, group_id=group_id, on_record=on_record, should_stop=should_stop)
-        results.append((run_id, run))
-        reference = references.setdefault(request.seed, run)
-        divergence[run_id] = None if reference is run else first_divergence(reference, run)
-        store.set_group([run_id], group_id, divergence)
-        if run.status == "interrupted":
-            break
+    stored = record_batch(store, target, draft, requests, group_ids=group_id, on_record_for=on_record_for,
+                          should_stop=should_stop, batch_size=batch_size)
+    results = [(run_id, run) for run_id, run in stored if run_id is not None]
+    divergence = divergences([(request.seed, run_id, run) for request, (run_id, run) in zip(requests, stored)
+                              if run_id is not None])
+    store.set_group([run_id for run_id, _ in results], group_id, divergence)
     return group_id, results, divergence
+
+
+def divergences(members: list[tuple[int, str, Run]]) -> dict[str, int | None]:
+    """Each member's first divergence from its seed's reference (the seed's first member): ``None`` for
+    the reference itself and for a member that never left it."""
+    references: dict[int, Run] = {}
+    found: dict[str, int | None] = {}
+    for seed, run_id, run in members:
+        reference = references.setdefault(seed, run)
+        found[run_id] = None if reference is run else first_divergence(reference, run)
+    return found
 
 
 def group_status(members: pd.DataFrame) -> str:
@@ -180,3 +188,24 @@ def summarise(members: pd.DataFrame, figures: dict[str, dict[str, float]]) -> pd
             row["first divergence"] = mean + (f" ({never} of {len(part)} never)" if never and len(diverged) else "")
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def compare_rules(
+    store: Store,
+    target: LoadedModel,
+    draft: Any,
+    requests: list[RunRequest],
+    on_record_for: Callable[[RunRequest], Callable[[PositionRecord], None] | None] | None = None,
+) -> tuple[str, list[tuple[str, Run]], dict[str, int | None]]:
+    """Coupled runs, one per request (same prompt, seed, drafter and uniforms; only the rule differs).
+
+    The first request of each seed is its reference; returns the group id, the runs, and each
+    run's first divergence from its reference. ``draft`` is a loaded model or a drafter spec; each
+    run builds its own drafter and KV caches. ``comparison.run_group`` does the running.
+    """
+    if not requests:
+        raise EngineError("compare needs at least one rule, e.g. --rules lossless,lenience:0.5")
+    for request in requests:
+        request.validate()
+    per_member = (lambda _index, request: on_record_for(request)) if on_record_for is not None else None
+    return run_group(store, target, draft, requests, on_record_for=per_member)

@@ -234,36 +234,108 @@ def record_run(
 ) -> tuple[str, Run | None]:
     """Generate and store one run. Ctrl-C or ``should_stop`` keeps what was recorded as ``interrupted``;
     an error marks the run ``failed`` with its message and is raised again. ``seams``: audits only."""
-    prompt_ids = checked_prompt_ids(target, request)
-    writer = RunWriter(store, run_fields(request, target.name, prompt_ids, group_id))
-    partial: list[PositionRecord] = []
+    on_record_for = None if on_record is None else (lambda _index, _request: on_record)
+    (run_id, run), = record_batch(store, target, draft, [request], group_ids=group_id, on_record_for=on_record_for,
+                                  should_stop=should_stop, seams=seams)
+    return run_id, run
 
-    def keep(record: PositionRecord) -> None:
-        partial.append(record)
-        writer.add(record)
-        if on_record is not None:
-            on_record(record)
 
+def batch_key(request: RunRequest) -> tuple:
+    """What the rows of one batch share: the drafter, γ or the tree, the draft stop, the recorded top-k."""
+    spec = request.tree_spec
+    return (request.draft or None, request.gamma if spec is None else None, spec, request.draft_stop, request.top_k_record)
+
+
+def record_batch(
+    store: Store,
+    target: LoadedModel,
+    draft: Any,
+    requests: list[RunRequest],
+    *,
+    group_ids: str | list[str | None] | None = None,
+    on_record_for: Callable[[int, RunRequest], Callable[[PositionRecord], None] | None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    seams: EngineSeams = CORRECT,
+    batch_size: int | None = None,
+    on_stored: Callable[[int, str, Run], None] | None = None,
+) -> list[tuple[str | None, Run | None]]:
+    """Generate requests as rows of one batch (``engine.generate_batch``) and store each as it runs,
+    exactly as one run alone would be stored: its row when it starts, its positions and tree rounds
+    as they are verified, its summary when it ends (``on_stored(index, run_id, run)`` is then told).
+
+    The requests must share a drafter, γ or tree, draft stop and recorded top-k (``batch_key``);
+    rules, seeds, policies and token budgets may differ. Every request is checked before any row is
+    written. A stop ends the rows in flight ``interrupted`` and starts no other (their entry is
+    ``(None, None)``); an error marks the unfinished rows ``failed`` and is raised again; Ctrl-C
+    keeps what each row recorded as ``interrupted``."""
+    from diagnostics.engine import generate_batch
+
+    if not requests:
+        raise EngineError("nothing to run: give at least one request")
+    prompt_ids = [checked_prompt_ids(target, request) for request in requests]
+    if len({batch_key(request) for request in requests}) > 1:
+        raise EngineError("the runs of one batch must share the drafter, gamma or tree, and draft stop; "
+                          "only the rule, seed, policy and token budget may differ")
+    groups = group_ids if isinstance(group_ids, list) else [group_ids] * len(requests)
+    writers: dict[int, RunWriter] = {}
+    partial: dict[int, list[PositionRecord]] = {}
+    callbacks: dict[int, Callable[[PositionRecord], None] | None] = {}
+    done: set[int] = set()
+    results: list[tuple[str | None, Run | None]] = [(None, None)] * len(requests)
+
+    def start(index: int) -> None:
+        writers[index] = RunWriter(store, run_fields(requests[index], target.name, prompt_ids[index], groups[index]))
+        partial[index] = []
+        callbacks[index] = on_record_for(index, requests[index]) if on_record_for is not None else None
+
+    def keep(index: int, record: PositionRecord) -> None:
+        partial[index].append(record)
+        writers[index].add(record)
+        callback = callbacks[index]
+        if callback is not None:
+            callback(record)
+
+    def finish(index: int, run: Run) -> None:
+        writer = writers[index]
+        try:
+            writer.finish(run.status, run_summary(run), error="stopped by the user" if run.status == "interrupted" else None)
+        except StoreError as error:
+            done.add(index)
+            writer.close_quietly("failed", error=f"{error.__class__.__name__}: {error}")
+            raise
+        done.add(index)
+        results[index] = (writer.run_id, run)
+        if on_stored is not None:
+            on_stored(index, writer.run_id, run)
+
+    first = requests[0]
     try:
-        run = generate_request(target, draft, request, prompt_ids, on_record=keep, should_stop=should_stop, seams=seams,
-                               on_round=writer.add_round)
+        generate_batch(
+            target, draft if first.draft else None, prompt_ids, [request.rule for request in requests],
+            [request.seed for request in requests], gamma=first.gamma,
+            max_new_tokens=[request.max_new_tokens for request in requests],
+            policies=[request.policy for request in requests], draft_policies=[request.draft_policy for request in requests],
+            top_k_record=first.top_k_record, on_record=keep, on_round=lambda index, rnd, nodes: writers[index].add_round(rnd, nodes),
+            should_stop=should_stop, seams=seams, tree=first.tree_spec, draft_stop=first.draft_stop, batch_size=batch_size,
+            on_start=start, on_finish=finish,
+        )
     except Exception as error:
         # Best effort: a full disk may refuse even this; the error itself is raised either way.
-        writer.close_quietly("failed", error=f"{error.__class__.__name__}: {error}")
+        for index, writer in writers.items():
+            if index not in done:
+                writer.close_quietly("failed", error=f"{error.__class__.__name__}: {error}")
         raise
     except BaseException:
-        # Ctrl-C, or a dashboard rerun stopping the script: keep what was recorded.
-        tokens = [record.token for record in partial]
-        text = target.tokenizer.decode(tokens, skip_special_tokens=True) if target.tokenizer is not None else None
-        writer.close_quietly("interrupted", {"tokens": tokens, "n_tokens": len(tokens), "output_text": text,
-                                             "stop_reason": "interrupted"}, error="interrupted by the user")
+        # Ctrl-C, or a dashboard rerun stopping the script: keep what each row recorded.
+        for index, writer in writers.items():
+            if index in done:
+                continue
+            tokens = [record.token for record in partial[index]]
+            text = target.tokenizer.decode(tokens, skip_special_tokens=True) if target.tokenizer is not None else None
+            writer.close_quietly("interrupted", {"tokens": tokens, "n_tokens": len(tokens), "output_text": text,
+                                                 "stop_reason": "interrupted"}, error="interrupted by the user")
         raise
-    try:
-        writer.finish(run.status, run_summary(run), error="stopped by the user" if run.status == "interrupted" else None)
-    except StoreError as error:
-        writer.close_quietly("failed", error=f"{error.__class__.__name__}: {error}")
-        raise
-    return writer.run_id, run
+    return results
 
 
 def generate_request(
@@ -284,6 +356,23 @@ def generate_request(
         max_new_tokens=request.max_new_tokens, seed=request.seed, policy=request.policy,
         draft_policy=request.draft_policy, top_k_record=request.top_k_record, on_record=on_record,
         should_stop=should_stop, seams=seams, tree=request.tree_spec, on_round=on_round, draft_stop=request.draft_stop,
+    )
+
+
+def generate_requests(target: LoadedModel, draft: Any, requests: list[RunRequest], prompt_ids: list[list[int]],
+                      *, batch_size: int | None = None) -> list[Run]:
+    """The requests (sharing ``batch_key``) as rows of one batch, storing nothing: what a sweep
+    worker on another machine sends back for the driver to store."""
+    from diagnostics.engine import generate_batch
+
+    if len({batch_key(request) for request in requests}) > 1:
+        raise EngineError("the runs of one batch must share the drafter, gamma or tree, and draft stop")
+    first = requests[0]
+    return generate_batch(
+        target, draft if first.draft else None, prompt_ids, [request.rule for request in requests],
+        [request.seed for request in requests], gamma=first.gamma, max_new_tokens=[request.max_new_tokens for request in requests],
+        policies=[request.policy for request in requests], draft_policies=[request.draft_policy for request in requests],
+        top_k_record=first.top_k_record, tree=first.tree_spec, draft_stop=first.draft_stop, batch_size=batch_size,
     )
 
 
@@ -315,26 +404,3 @@ def first_divergence(reference: Run, other: Run) -> int | None:
     if len(reference.tokens) != len(other.tokens):
         return min(len(reference.tokens), len(other.tokens))
     return None
-
-
-def compare_rules(
-    store: Store,
-    target: LoadedModel,
-    draft: Any,
-    requests: list[RunRequest],
-    on_record_for: Callable[[RunRequest], Callable[[PositionRecord], None] | None] | None = None,
-) -> tuple[str, list[tuple[str, Run]], dict[str, int | None]]:
-    """Coupled runs, one per request (same prompt, seed, drafter and uniforms; only the rule differs).
-
-    The first request of each seed is its reference; returns the group id, the runs, and each
-    run's first divergence from its reference. ``draft`` is a loaded model or a drafter spec; each
-    run builds its own drafter and KV caches. ``comparison.run_group`` does the running.
-    """
-    from diagnostics.comparison import run_group  # it builds on this module
-
-    if not requests:
-        raise EngineError("compare needs at least one rule, e.g. --rules lossless,lenience:0.5")
-    for request in requests:
-        request.validate()
-    per_member = (lambda _index, request: on_record_for(request)) if on_record_for is not None else None
-    return run_group(store, target, draft, requests, on_record_for=per_member)

@@ -11,7 +11,8 @@ from browser_support import ARTIFACTS, chromium, chromium_path, shot, streamlit_
 from tiny_models import save_tiny_model
 
 from diagnostics.models import load_model
-from diagnostics.runner import RunRequest, compare_rules
+from diagnostics.comparison import compare_rules
+from diagnostics.runner import RunRequest
 from diagnostics.store import Store
 
 playwright_api = pytest.importorskip("playwright.sync_api")

@@ -15,7 +15,8 @@ from tiny_models import save_tiny_model
 
 from diagnostics.engine import PositionRecord
 from diagnostics.models import load_model
-from diagnostics.runner import RunRequest, compare_rules, record_run
+from diagnostics.comparison import compare_rules
+from diagnostics.runner import RunRequest, record_run
 from diagnostics.store import SCHEMA_VERSION, Store, StoreBusy, StoreError
 from diagnostics.store.schema import POSITION_COLUMNS_ADDED_IN_3, RUN_COLUMNS_ADDED_IN_3, RUN_COLUMNS_ADDED_IN_5
 

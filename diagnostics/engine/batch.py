@@ -185,7 +185,9 @@ def generate_batch(
     reuse_layers: bool = True,
     draft_stop: float | None = None,
     batch_size: int | None = None,
-) -> list[Run]:
+    on_start: Callable[[int], None] | None = None,
+    on_finish: Callable[[int, Run], None] | None = None,
+) -> list[Run | None]:
     """Generate one ``Run`` per prompt, ``batch_size`` rows (default: all) per forward, in prompt order.
 
     ``rules``, ``seeds``, ``max_new_tokens``, ``policies``, ``draft_policies`` and ``should_stop``
@@ -195,6 +197,11 @@ def generate_batch(
     ``on_round(row, round, nodes)`` receive each row's records as its rounds are verified.
     Everything is checked before any model work (one ``EngineError`` line for the first bad row).
     Each row's ``Run`` is what ``generate`` gives for it alone (see the module docstring).
+
+    ``on_start(row)`` is called when a row joins the batch and ``on_finish(row, run)`` when it
+    ends (a caller stores runs as they finish). A ``should_stop`` that is one callable for the
+    whole batch also keeps rows that have not started from starting: their result is ``None``;
+    the rows in flight end ``interrupted`` at their next round.
     """
     loaded = wrap_model(target) if not isinstance(target, LoadedModel) else target
     count = len(prompts)
@@ -238,10 +245,13 @@ def generate_batch(
     rows = min(batch_size or count, count)
     capacity = max(len(plan.prompt) + plan.max_new_tokens for plan in plans) + gamma + (spec.max_nodes if spec else 0) + 2
     pair = _Pair(loaded, source, seams, spec is not None, reuse_layers, rows, capacity, draft_stop)
-    return _drive(pair, plans, rows, gamma, spec, loaded)
+    stop_all = should_stop if callable(should_stop) else None
+    return _drive(pair, plans, rows, gamma, spec, loaded, stop_all, on_start, on_finish)
 
 
-def _drive(pair: _Pair, plans: list[RowPlan], limit: int, gamma: int, spec: TreeSpec | None, loaded: LoadedModel) -> list[Run]:
+def _drive(pair: _Pair, plans: list[RowPlan], limit: int, gamma: int, spec: TreeSpec | None, loaded: LoadedModel,
+           stop_all: Callable[[], bool] | None = None, on_start: Callable[[int], None] | None = None,
+           on_finish: Callable[[int, Run], None] | None = None) -> list[Run | None]:
     """Run every row to its end, at most ``limit`` at a time; each step runs one stage for every row
     waiting on it (the stage with the lowest ``order`` first: drafts before verification)."""
     vocab, tokenizer, seams = loaded.vocab_size, loaded.tokenizer, pair.seams
@@ -265,13 +275,22 @@ def _drive(pair: _Pair, plans: list[RowPlan], limit: int, gamma: int, spec: Tree
         except StopIteration as stop:
             results[index] = stop.value
             active.pop(index, None)
+            if on_finish is not None:
+                on_finish(index, stop.value)
             return
         active[index] = (rows, request)
 
+    started = 0
     try:
         while waiting or active:
             while waiting and len(active) < limit:
+                if started and stop_all is not None and stop_all():
+                    waiting.clear()  # stopped: rows not yet begun never start
+                    break
                 index = waiting.popleft()
+                started += 1
+                if on_start is not None:
+                    on_start(index)
                 advance(index, program(plans[index]), None)
             if not active:
                 continue

@@ -1,8 +1,8 @@
 """A sweep's units on Ray: one actor per worker loads the models once and runs whole units; the
 driver alone writes DuckDB.
 
-A worker generates a unit's members with nothing stored and sends the runs back
-(``runner.generate_request``); the driver stores each exactly as ``record_run`` would have
+A worker generates a unit's members as one batch with nothing stored and sends the runs back
+(``runner.generate_requests``); the driver stores each exactly as ``record_run`` would have
 (``runner.store_finished_run``) and links the unit. Every uniform is keyed by
 ``(seed, position, slot)``, so a unit's tokens do not depend on the worker that ran it, nor on
 whether it ran on Ray at all. A worker that dies loses only its unit: the driver starts a new
@@ -31,7 +31,7 @@ from diagnostics.evaluation.sweeper import (
     unit_finished,
     unit_group_id,
 )
-from diagnostics.runner import RunRequest, checked_prompt_ids, generate_request, store_finished_run
+from diagnostics.runner import RunRequest, checked_prompt_ids, generate_requests, store_finished_run
 from diagnostics.store import Store
 
 ATTEMPTS = 3  # runs of one unit before a sweep gives up on it (a unit that kills every worker)
@@ -68,11 +68,9 @@ class UnitWorker:
         """Every member of one unit, in order, with nothing stored: the target's name and, per
         member, the prompt ids and the run."""
         _crash_once(unit_index)
-        results = []
-        for request in requests:
-            prompt_ids = checked_prompt_ids(self.target, request)
-            results.append((prompt_ids, generate_request(self.target, self.draft, request, prompt_ids)))
-        return self.target.name, results
+        prompt_ids = [checked_prompt_ids(self.target, request) for request in requests]
+        runs = generate_requests(self.target, self.draft, requests, prompt_ids)  # the unit's members as one batch
+        return self.target.name, list(zip(prompt_ids, runs))
 
 
 def _crash_once(unit_index: int) -> None:

@@ -1,7 +1,7 @@
 """Running a sweep into the store, unit by unit, and resuming one that was interrupted.
 
-Each unit's members run coupled (``comparison.run_group``: same prompt, seed and uniforms) and
-are linked to the sweep as soon as the unit completes. A unit is done when every member is
+Each unit's members run coupled (same prompt, seed and uniforms) as rows of one continuous batch
+with the other units' members, and are linked to the sweep as soon as the unit's last member ends. A unit is done when every member is
 ``complete``; on resume, units that are not done are dropped (their partial runs deleted) and
 run again. Every uniform is keyed by ``(seed, position, slot)``, so a unit gives the same tokens
 whether it runs first or on resume.
@@ -14,12 +14,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from diagnostics.comparison import run_group
+from diagnostics.comparison import divergences
 from diagnostics.engine import EngineError, PositionRecord
 from diagnostics.evaluation.answers import require_sandbox_for, scores_of
 from diagnostics.evaluation.plan import Member, Unit, expand_rule, unit_members
 from diagnostics.evaluation.settings import SHARED_FIELDS, base_request, checkers_of, plan_units, settings_of
-from diagnostics.runner import RunRequest
+from diagnostics.runner import RunRequest, record_batch
 from diagnostics.store import Store
 
 def expand_rules(specs: list[str]) -> list[str]:
@@ -125,6 +125,9 @@ def sweep_status(store: Store, plan: SweepPlan) -> Iterator[None]:
         store.set_sweep_status(plan.sweep_id, "interrupted", units_done=len(plan.finished), error="stopped by the user")
 
 
+DEFAULT_BATCH_SIZE = 16  # rows per forward for an in-process sweep (``bench``'s batch-size curve)
+
+
 def run_sweep(
     store: Store,
     target: Any,
@@ -136,28 +139,45 @@ def run_sweep(
     on_unit: Callable[[int, int, Unit], None] | None = None,
     on_open: Callable[[SweepPlan], None] | None = None,
     on_record_for: Callable[[Unit, Member], Callable[[PositionRecord], None] | None] | None = None,
+    batch_size: int | None = None,
 ) -> str:
     """Run every unit not yet done (all of them for a new sweep) in this process and return the
-    sweep id. A stop or an interruption leaves the sweep ``interrupted`` with the units done so far;
-    ``--resume`` goes on. ``on_open(plan)`` is told the sweep's id before the first unit runs;
-    ``on_record_for(unit, member)`` may return a callback for each record of that member's run."""
+    sweep id. Every member of every unit is a row of one continuous batch of ``batch_size`` rows
+    (``runner.record_batch``): rows join as others finish, units in order, so the batch stays full.
+    A unit is linked when its last member ends. A stop or an interruption leaves the sweep
+    ``interrupted`` with the units done so far; ``--resume`` goes on. ``on_open(plan)`` is told the
+    sweep's id before the first unit runs; ``on_record_for(unit, member)`` may return a callback
+    for each record of that member's run."""
     plan = open_sweep(store, settings, sweep_id, on_open)
     with sweep_status(store, plan):
-        for unit in plan.todo:
+        rows = [(unit, index, member) for unit in plan.todo for index, member in enumerate(plan.members(unit))]
+        if not rows:
+            return plan.sweep_id
+        ended: dict[int, dict[int, tuple[str, Any]]] = {}
+
+        def stored(row: int, run_id: str, run: Any) -> None:
+            unit, index, _member = rows[row]
+            got = ended.setdefault(unit.index, {})
+            got[index] = (run_id, run)
             members = plan.members(unit)
+            if len(got) < len(members):
+                return
+            ordered = [got[position] for position in range(len(members))]
+            store.set_group([run_id for run_id, _ in ordered], unit_group_id(plan.sweep_id, unit),
+                            divergences([(unit.seed, run_id, run) for run_id, run in ordered]))
+            link_unit(store, plan, unit, members, [run_id for run_id, _ in ordered])
+            if all(run.status == "complete" for _, run in ordered):
+                unit_finished(store, plan, unit, on_unit)
 
-            def member_callback(index: int, _request: RunRequest, unit: Unit = unit, members: list[Member] = members):
-                return on_record_for(unit, members[index]) if on_record_for is not None else None
+        def callback(row: int, _request: RunRequest):
+            unit, _index, member = rows[row]
+            return on_record_for(unit, member) if on_record_for is not None else None
 
-            _, results, _ = run_group(store, target, draft, [member.request for member in members],
-                                      group_id=unit_group_id(plan.sweep_id, unit), should_stop=should_stop,
-                                      on_record_for=member_callback)
-            link_unit(store, plan, unit, members, [run_id for run_id, _run in results])
-            if len(results) < len(members) or any(run.status != "complete" for _, run in results):
-                break  # stopped: this unit stays undone (dropped and re-run on resume)
-            unit_finished(store, plan, unit, on_unit)
+        record_batch(store, target, draft, [member.request for _, _, member in rows],
+                     group_ids=[unit_group_id(plan.sweep_id, unit) for unit, _, _ in rows], on_record_for=callback,
+                     should_stop=should_stop, batch_size=batch_size or DEFAULT_BATCH_SIZE, on_stored=stored)
     return plan.sweep_id
 
 
-__all__ = ["SHARED_FIELDS", "SweepPlan", "base_request", "done_units", "expand_rules", "link_unit", "open_sweep", "plan_units",
+__all__ = ["DEFAULT_BATCH_SIZE", "SHARED_FIELDS", "SweepPlan", "base_request", "done_units", "expand_rules", "link_unit", "open_sweep", "plan_units",
            "run_sweep", "settings_of", "sweep_status", "unit_finished", "unit_group_id"]
