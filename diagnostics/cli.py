@@ -213,11 +213,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _mutant_names(layer: str) -> list[str]:
-    from diagnostics.audit import ENGINE_MUTANTS, RULE_MUTANTS
-
+    from diagnostics.audit import BATCH_MUTANTS, ENGINE_MUTANTS, RULE_MUTANTS
     from diagnostics.audit.mutants import TREE_MUTANTS
 
-    return list({"rule": RULE_MUTANTS, "tree": TREE_MUTANTS}.get(layer, ENGINE_MUTANTS))
+    return list({"rule": RULE_MUTANTS, "tree": TREE_MUTANTS}.get(layer, {**ENGINE_MUTANTS, **BATCH_MUTANTS}))
 
 
 

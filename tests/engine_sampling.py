@@ -1,10 +1,15 @@
-"""Many seeded generations on tiny models, in worker processes, and the exact law they must follow.
+"""Many seeded generations on tiny models, batched, in worker processes, and the exact law they must follow.
+
+Each worker generates its seeds as rows of batches of ``BATCH``, mixed with distractor rows of
+other prompt lengths, rules, policies and budgets (``_distractor``), so that the end-to-end tests
+check the batched engine, rows that share forwards with rows unlike them included.
 
 Kept in a module of its own so spawned workers can import it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import multiprocessing
 import os
@@ -12,9 +17,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from diagnostics.audit.mutants import TREE_MUTANTS, StaleRollbackScorer
+from diagnostics.audit.mutants import BATCH_MUTANTS, TREE_MUTANTS, StaleRollbackScorer
 from diagnostics.engine.drafting import TargetScorer
-from diagnostics.engine import CORRECT, generate
+from diagnostics.engine import CORRECT, generate_batch
 from diagnostics.policy import Policy, probabilities
 from tiny_models import tiny_lm
 
@@ -29,11 +34,12 @@ class Setup:
     start: int = 0  # the window is tokens[start : start + 2]
     vocab: int = 4
     prompt: tuple[int, ...] = (1, 2, 3, 1, 2, 3, 1, 2)
-    planted: str | None = None  # "rollback": keep one stale token in the caches; or a TREE_MUTANTS name
+    planted: str | None = None  # "rollback": keep one stale token in the caches; or a TREE_MUTANTS or BATCH_MUTANTS name
     tree: tuple[int, ...] | None = None  # a tree shape K1,…,Kd instead of the chain of gamma
     children: str = "top"
     budget: int | None = None  # a budget tree of this many nodes (depth: gamma)
     draft_stop: float | None = None  # adaptive drafting: end a block after a draft x with q(x) below this
+    distractors: bool = True  # mix rows of other prompts, rules and budgets into each batch
 
     @property
     def max_new_tokens(self) -> int:
@@ -50,42 +56,90 @@ def models(setup: Setup):
 stale_rollback = StaleRollbackScorer.rollback
 
 
-def _plant(setup: Setup) -> None:
+@contextlib.contextmanager
+def _plant(setup: Setup):
+    """The rollback bug patched into this worker for one job only (the workers serve every test)."""
+    correct = TargetScorer.rollback
     if setup.planted == "rollback":
         TargetScorer.rollback = stale_rollback
+    try:
+        yield
+    finally:
+        TargetScorer.rollback = correct
+
+
+BATCH = 64  # rows per forward
+DISTRACTOR_EVERY = 8  # after every eighth tested row, a row of another prompt length, rule, policy, seed and budget
+
+
+def _distractor(setup: Setup, seed: int) -> tuple[list[int], str, Policy, int]:
+    """A row that shares the batch but not the test: its prompt, rule, policy and budget differ, so a
+    row that leaked into a tested row (its p, its cache) would move the tested law."""
+    k = seed // DISTRACTOR_EVERY
+    prompt = list(setup.prompt[: 3 + k % 4]) if k % 2 else list(setup.prompt) + [1, 2, 3][: 1 + k % 3]
+    if setup.tree is not None and setup.children != "top":
+        rule = "lossless"  # sampled children are verified losslessly only
+    else:
+        rule = ("lenience:0.5", "lossless", "cascade:0.3" if setup.tree is None and setup.budget is None else "lossless")[k % 3]
+    return prompt, rule, Policy(temperature=0.8, top_k=3 if k % 2 else None), setup.max_new_tokens + k % 2
 
 
 def _windows(job: tuple[Setup, int, int]) -> list[int]:
+    """The tested window of each seed's generation, generated in batches of ``BATCH`` rows mixed with
+    distractor rows (``_distractor``)."""
     setup, first_seed, count = job
     torch.set_num_threads(1)
-    _plant(setup)
+    with _plant(setup):
+        return _tested_windows(setup, first_seed, count)
+
+
+def _tested_windows(setup: Setup, first_seed: int, count: int) -> list[int]:
     target, draft = models(setup)
     policy = Policy(**setup.policy)
-    cells = []
-    seams = TREE_MUTANTS[setup.planted][1] if setup.planted in TREE_MUTANTS else CORRECT
+    seams = {**TREE_MUTANTS, **BATCH_MUTANTS}[setup.planted][1] if setup.planted in {**TREE_MUTANTS, **BATCH_MUTANTS} else CORRECT
     shape = {}
     if setup.tree is not None:
         shape = {"tree": setup.tree, "tree_children": setup.children}
     elif setup.budget is not None:
         shape = {"tree_budget": setup.budget, "tree_depth": setup.gamma}
+    prompts, rules, seeds, policies, budgets, tested = [], [], [], [], [], []
     for seed in range(first_seed, first_seed + count):
-        run = generate(
-            target, draft, list(setup.prompt), gamma=setup.gamma, max_new_tokens=setup.max_new_tokens, seed=seed,
-            temperature=policy.temperature, top_k=policy.top_k, top_p=policy.top_p, min_p=policy.min_p, eta=policy.eta,
-            eos_token_id=[], record=False, seams=seams, draft_stop=setup.draft_stop, **shape,
-        )
-        window = run.tokens[setup.start : setup.start + 2]
-        cells.append(window[0] * setup.vocab + window[1])
+        prompts.append(list(setup.prompt)), rules.append("lossless"), seeds.append(seed)
+        policies.append(policy), budgets.append(setup.max_new_tokens), tested.append(True)
+        if setup.distractors and seed % DISTRACTOR_EVERY == 0:
+            prompt, rule, other, budget = _distractor(setup, seed)
+            prompts.append(prompt), rules.append(rule), seeds.append(10**6 + seed)
+            policies.append(other), budgets.append(budget), tested.append(False)
+    runs = generate_batch(target, draft, prompts, rules, seeds, gamma=setup.gamma, max_new_tokens=budgets, policies=policies,
+                          eos_token_id=[], record=False, seams=seams, draft_stop=setup.draft_stop, batch_size=BATCH, **shape)
+    cells = []
+    for run, is_tested in zip(runs, tested):
+        if is_tested:
+            window = run.tokens[setup.start : setup.start + 2]
+            cells.append(window[0] * setup.vocab + window[1])
     return cells
+
+
+_POOL: list = []  # one pool of spawned workers for the whole test session (they import torch once)
+
+
+def _pool():
+    if not _POOL:
+        import atexit
+
+        workers = max(1, min(4, os.cpu_count() or 1))
+        pool = multiprocessing.get_context("spawn").Pool(workers, maxtasksperchild=None)
+        atexit.register(pool.terminate)
+        _POOL.append((pool, workers))
+    return _POOL[0]
 
 
 def sample_windows(setup: Setup, n: int, first_seed: int = 0) -> torch.Tensor:
     """Cell index ``y_s·V + y_{s+1}`` of ``n`` generations with seeds ``first_seed …``, over the CPU cores."""
-    workers = max(1, min(4, os.cpu_count() or 1))
+    pool, workers = _pool()
     chunk = -(-n // workers)
     jobs = [(setup, first_seed + i * chunk, min(chunk, n - i * chunk)) for i in range(workers)]
-    with multiprocessing.get_context("spawn").Pool(workers) as pool:
-        parts = pool.map(_windows, jobs)
+    parts = pool.map(_windows, jobs)
     return torch.tensor(list(itertools.chain.from_iterable(parts)), dtype=torch.long)
 
 

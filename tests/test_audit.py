@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from diagnostics.audit import ENGINE_MUTANTS, RULE_MUTANTS, audit_rule, battery, rule_adapter, transformers_adapter
+from diagnostics.audit import BATCH_MUTANTS, ENGINE_MUTANTS, RULE_MUTANTS, audit_rule, battery, rule_adapter, transformers_adapter
 from diagnostics.rules import normalise_or
 
 N = 60_000
@@ -77,7 +77,6 @@ def test_audit_all_gives_every_verdict_and_stores_them(tmp_path, capsys) -> None
     """The whole table in one command: ours and transformers pass, every planted bug fails, at its layer."""
     import json
 
-    from diagnostics.audit import ENGINE_MUTANTS, RULE_MUTANTS
     from diagnostics.cli import main
     from diagnostics.store import Store
 
@@ -86,11 +85,11 @@ def test_audit_all_gives_every_verdict_and_stores_them(tmp_path, capsys) -> None
     captured = capsys.readouterr()
     results = [json.loads(line) for line in captured.out.splitlines()]
     verdicts = {(result["layer"], result["implementation"]): result["verdict"] for result in results}
-    assert len(verdicts) == 2 + len(RULE_MUTANTS) + 2 + len(ENGINE_MUTANTS)
+    assert len(verdicts) == 2 + len(RULE_MUTANTS) + 2 + len(ENGINE_MUTANTS) + len(BATCH_MUTANTS)
     for (layer, name), verdict in verdicts.items():
         planted = name.startswith("planted:")
         assert verdict == ("fail" if planted else "pass"), (layer, name, verdict)
-    assert {name for layer, name in verdicts if layer == "engine"} >= {f"planted:{name}" for name in ENGINE_MUTANTS}
+    assert {name for layer, name in verdicts if layer == "engine"} >= {f"planted:{name}" for name in [*ENGINE_MUTANTS, *BATCH_MUTANTS]}
     assert "engine · planted:rollback_off_by_one · FAIL" in captured.err  # the table on stderr
     stored = Store(db, read_only=True).list_audits()
     assert len(stored) == len(results) and set(stored["audit_id"]) == {result["audit_id"] for result in results}
@@ -210,7 +209,7 @@ def test_engine_audit_passes_our_engine_on_several_seed_ranges(first_seed: int) 
 
 
 @pytest.mark.parametrize("first_seed", [0, 5_000])
-@pytest.mark.parametrize("name", list(ENGINE_MUTANTS))
+@pytest.mark.parametrize("name", [*ENGINE_MUTANTS, *BATCH_MUTANTS])
 def test_every_engine_level_mutant_is_caught(name: str, first_seed: int) -> None:
     from diagnostics.audit.suite import run_engine_audit, tiny_setup
 
@@ -222,6 +221,20 @@ def test_every_engine_level_mutant_is_caught(name: str, first_seed: int) -> None
     else:
         # Caught by the law of the generations that finished, not only by crashes.
         assert result.p_value < 1e-6 and result.worst_position_p < 1e-6
+
+
+def test_batch_leaks_need_a_batch() -> None:
+    """The row-leak mutants change nothing for one sequence (``generate`` is a batch of one): only a
+    batched audit can see them, which is why the engine audit generates its seeds in batches."""
+    from diagnostics.audit.suite import tiny_setup
+    from diagnostics.engine import generate
+
+    setup = tiny_setup()
+    for name, (_, seams) in BATCH_MUTANTS.items():
+        for seed in range(3):
+            alone = generate(setup.target, setup.draft, setup.prompt_ids, gamma=3, max_new_tokens=12, seed=seed, seams=seams)
+            right = generate(setup.target, setup.draft, setup.prompt_ids, gamma=3, max_new_tokens=12, seed=seed)
+            assert alone.tokens == right.tokens, name
 
 
 def test_engine_level_mutants_are_also_caught_in_a_recorded_run(tmp_path) -> None:

@@ -4,7 +4,9 @@ For each setup, many seeded generations on tiny random models give the joint law
 consecutive emitted tokens; the exact law comes from teacher forcing (cache-free forwards on
 every prefix). The χ² test at level ``LEVEL`` uses ``N`` generations, enough to catch any
 error of total variation 0.01 with probability ≥ ``POWER`` (dof = V² − 1 = 15, the largest
-a window can have). A planted off-by-one in the KV-cache rollback must fail the same test.
+a window can have). The generations are rows of batches, mixed with rows of other prompt
+lengths, rules, policies and seeds (``engine_sampling``). A planted off-by-one in the KV-cache
+rollback, and rows of a batch leaking into each other, must fail the same test.
 """
 
 from __future__ import annotations
@@ -43,12 +45,24 @@ def test_engine_is_lossless(label: str) -> None:
     assert result.p_value >= LEVEL, f"{label}: X²={result.statistic:.1f}, dof={result.dof}, p={result.p_value:.2e}"
 
 
+@pytest.mark.parametrize("planted", ["row_gets_neighbours_p", "row_cache_swapped"])
+def test_planted_row_leak_fails(planted: str) -> None:
+    """Rows of a batch leaking into each other (a row verified with its neighbour's p; a slot table
+    out of step, so a row reads another row's cache) must fail the same test; their effect is large,
+    so a tenth of ``N`` rejects them."""
+    setup = Setup(draft="model", gamma=3, start=1, planted=planted)
+    result = gof_tokens(sample_windows(setup, N // 10, first_seed=0), exact_window_law(setup))
+    assert result.p_value < LEVEL, f"{planted} passed: X²={result.statistic:.1f}, p={result.p_value:.2e}"
+
+
 def test_planted_rollback_off_by_one_fails() -> None:
     """Keeping the refused draft's keys and values in the target cache must be caught.
 
     The bug moves the window's law by TV ≈ 0.6, so a tenth of ``N`` already rejects at any
     reasonable level; more samples would only reject harder.
     """
-    setup = Setup(draft="model", gamma=3, start=1, planted="rollback")
+    # Without distractor rows: on a longer row the bug also crashes (a bonus row it never scored),
+    # which would end the batch; the law of the tested rows is what must fail here.
+    setup = Setup(draft="model", gamma=3, start=1, planted="rollback", distractors=False)
     result = gof_tokens(sample_windows(setup, N // 10, first_seed=0), exact_window_law(setup))
     assert result.p_value < LEVEL

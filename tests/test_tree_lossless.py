@@ -7,7 +7,9 @@ the target's exact law by teacher forcing (χ² at level ``LEVEL`` with ``N`` ge
 the first round's descent and, whenever that round emits fewer than three tokens, the second
 round, so the KV compaction between rounds is inside the test.
 
-Each planted tree bug must fail the same test: a refused sibling not zeroed before the next is
+The generations are rows of batches mixed with rows of other prompt lengths, rules, policies and
+seeds (``engine_sampling``). Each planted tree bug must fail the same test, and so must rows of a
+batch leaking into each other (a neighbour's p; a slot table out of step): a refused sibling not zeroed before the next is
 tried, ``position_ids`` counted along the flattened tree, KV compaction that keeps a refused
 sibling's row. Their effects are large (TV ≥ 0.03), so a tenth of ``N`` rejects them.
 """
@@ -36,6 +38,9 @@ PLANTED = {
     "flat_position_ids": Setup(draft="model", gamma=0, start=1, tree=(2, 2, 1), children="top", planted="flat_position_ids"),
     "kv_keeps_refused_sibling": Setup(draft="model", gamma=0, start=1, tree=(3, 1), children="top",
                                       planted="kv_keeps_refused_sibling"),
+    "row_gets_neighbours_p": Setup(draft="model", gamma=0, start=1, tree=(2, 2, 1), children="sample",
+                                   planted="row_gets_neighbours_p"),
+    "row_cache_swapped": Setup(draft="model", gamma=0, start=1, tree=(2, 2, 1), children="top", planted="row_cache_swapped"),
 }
 
 

@@ -23,7 +23,7 @@ from diagnostics.audit.engine_level import (
     randomized_pit,
     transformers_generator,
 )
-from diagnostics.audit.mutants import ENGINE_MUTANT_POLICY, ENGINE_MUTANTS, RULE_MUTANTS, StaleRollbackScorer
+from diagnostics.audit.mutants import BATCH_MUTANTS, ENGINE_MUTANT_POLICY, ENGINE_MUTANTS, RULE_MUTANTS, StaleRollbackScorer
 from diagnostics.audit.recorded import RecordedAudit, audit_recorded_run
 from diagnostics.audit.rule_level import (
     DETECTION_POWER,
@@ -40,7 +40,7 @@ from diagnostics.audit.rule_level import (
 from diagnostics.inspection import teacher_forced_laws
 
 __all__ = [
-    "DETECTION_POWER", "ENGINE_MUTANTS", "ENGINE_MUTANT_POLICY", "RULE_MUTANTS", "EngineAudit", "PairResult",
+    "BATCH_MUTANTS", "DETECTION_POWER", "ENGINE_MUTANTS", "ENGINE_MUTANT_POLICY", "RULE_MUTANTS", "EngineAudit", "PairResult",
     "PositionTest", "RecordedAudit", "RuleAudit", "StaleRollbackScorer", "Verify", "audit_generator", "audit_recorded_run",
     "audit_rule", "battery", "engine_generator", "holm", "model_pairs", "randomized_pit", "rule_adapter",
     "teacher_forced_laws", "transformers_adapter", "transformers_generator",

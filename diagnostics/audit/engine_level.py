@@ -145,34 +145,59 @@ def pit_sample(generate_fn: Generator, target, prompt_ids: list[int], seeds: ran
     sample = PitSample()
     seeds = list(seeds)
     started = time.perf_counter()
-    for seed in seeds:
-        sample.generations += 1
-        if progress is not None:
-            progress(sample.generations, len(seeds))
-        try:
-            tokens = list(generate_fn(list(prompt_ids), int(seed)))
-        except Exception as error:  # a generator that crashes on some seeds is not a sampler of p
-            sample.errors += 1
-            sample.first_error = sample.first_error or f"seed {seed}: {error.__class__.__name__}: {error}"
-            continue
-        for index, token in enumerate(tokens):
-            if token in stop:
-                tokens = tokens[: index + 1]
-                break
-        if not tokens:
-            continue
-        auxiliary = torch.Generator().manual_seed((AUXILIARY_SEED + int(seed)) % 2**63)
-        laws = teacher_forced_laws(target, prompt_ids, tokens, policy)  # the last row (after every token) is unused
-        for position, (law, token) in enumerate(zip(laws, tokens)):
-            if not 0 <= token < law.numel() or law[token] <= 0:
-                sample.impossible += 1
+    batch = getattr(generate_fn, "batch", None)
+    for first in range(0, len(seeds), BATCH_SEEDS if batch is not None else 1):
+        chunk = seeds[first : first + (BATCH_SEEDS if batch is not None else 1)]
+        outputs = _generate_chunk(generate_fn, batch, prompt_ids, chunk)
+        for seed, output in zip(chunk, outputs):
+            sample.generations += 1
+            if progress is not None:
+                progress(sample.generations, len(seeds))
+            if isinstance(output, Exception):  # a generator that crashes on some seeds is not a sampler of p
+                sample.errors += 1
+                sample.first_error = sample.first_error or f"seed {seed}: {output.__class__.__name__}: {output}"
                 continue
-            sample.by_position.setdefault(position, []).append(randomized_pit(law, token, auxiliary))
+            _add_pits(sample, target, prompt_ids, seed, output, policy, stop)
     sample.time_s = time.perf_counter() - started
     return sample
 
 
 AUXILIARY_SEED = 12345
+BATCH_SEEDS = 64  # seeds generated as one batch when the generator can batch (``generate_fn.batch``)
+
+
+def _generate_chunk(generate_fn: Generator, batch: Callable | None, prompt_ids: list[int], seeds: list[int]) -> list:
+    """Each seed's tokens, or the exception its generation raised. A batch that raises is run again
+    seed by seed, so a crash is charged to the seeds that crash."""
+    if batch is not None:
+        try:
+            return [list(tokens) for tokens in batch(list(prompt_ids), [int(seed) for seed in seeds])]
+        except Exception:  # noqa: BLE001 - attributed seed by seed below
+            pass
+    outputs: list = []
+    for seed in seeds:
+        try:
+            outputs.append(list(generate_fn(list(prompt_ids), int(seed))))
+        except Exception as error:  # noqa: BLE001 - recorded as this seed's crash
+            outputs.append(error)
+    return outputs
+
+
+def _add_pits(sample: PitSample, target, prompt_ids: list[int], seed: int, tokens: list[int], policy, stop: set[int]) -> None:
+    """The randomized PIT of each token of one generation (cut after its first EOS) against teacher forcing."""
+    for index, token in enumerate(tokens):
+        if token in stop:
+            tokens = tokens[: index + 1]
+            break
+    if not tokens:
+        return
+    auxiliary = torch.Generator().manual_seed((AUXILIARY_SEED + int(seed)) % 2**63)
+    laws = teacher_forced_laws(target, prompt_ids, tokens, policy)  # the last row (after every token) is unused
+    for position, (law, token) in enumerate(zip(laws, tokens)):
+        if not 0 <= token < law.numel() or law[token] <= 0:
+            sample.impossible += 1
+            continue
+        sample.by_position.setdefault(position, []).append(randomized_pit(law, token, auxiliary))
 
 
 def audit_generator(
@@ -254,8 +279,10 @@ def transformers_generator(target, assistant, max_new_tokens: int, policy=None, 
 
 
 def engine_generator(target, draft, max_new_tokens: int, policy=None, **settings) -> Generator:
-    """Our engine (``settings`` go to ``generate``: ``gamma``, ``rule``, ``seams``, …) as an audited generator."""
-    from diagnostics.engine import generate
+    """Our engine (``settings`` go to ``generate``: ``gamma``, ``rule``, ``seams``, …) as an audited
+    generator; its ``batch(prompt_ids, seeds)`` generates many seeds as rows of one batch
+    (``generate_batch``: each row's tokens are the ones ``generate`` gives for its seed)."""
+    from diagnostics.engine import generate, generate_batch
     from diagnostics.policy import Policy
 
     policy = policy or Policy()
@@ -264,4 +291,12 @@ def engine_generator(target, draft, max_new_tokens: int, policy=None, **settings
         return generate(target, draft, prompt_ids, max_new_tokens=max_new_tokens, seed=seed, record=False,
                         policy=policy, **settings).tokens
 
+    def batch(prompt_ids: list[int], seeds: list[int]) -> list[list[int]]:
+        options = dict(settings)
+        rule = options.pop("rule", "lossless")
+        runs = generate_batch(target, draft, [prompt_ids] * len(seeds), rule, seeds, max_new_tokens=max_new_tokens,
+                              record=False, policies=policy, **options)
+        return [run.tokens for run in runs]
+
+    run.batch = batch  # type: ignore[attr-defined]
     return run

@@ -4,18 +4,21 @@ Rule level (one verification step; ``Verify`` adapters): residual by softmax, ac
 for the residual, greedy draft scored with its softmax, raw vs processed ``q``, temperature on
 one side only, ids past the vocabulary. Engine level (a whole generator; ``EngineSeams`` passed
 to ``generate``): KV-cache rollback off by one, residual from the wrong position, truncation
-dropped on the verified positions. The correct counterparts must pass the same audits (the
+dropped on the verified positions; and for batches (``generate_batch``), rows leaking into each
+other: a row verified with its neighbour's ``p``, two rows' cache slots swapped. The correct counterparts must pass the same audits (the
 negative controls of the audit itself).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
 from diagnostics.engine.drafting import TargetScorer
 from diagnostics.engine import EngineSeams, fallback_law, target_laws
+from diagnostics.engine.forward import Forward, Output
 from diagnostics.policy import Policy, probabilities
 from diagnostics.rng import sample_inverse_cdf
 from diagnostics.rules import Rule, normalise_or
@@ -175,8 +178,41 @@ ENGINE_MUTANTS: dict[str, tuple[str, EngineSeams]] = {
                            EngineSeams(target_laws=_untruncated_verification)),
 }
 
+# -- batched engine: rows that leak into each other ---------------------------------------------
+
+
+def _neighbours_p(requests: list[Forward], outputs: list[Output]) -> list[Output]:
+    # The target's logits handed to the wrong rows: each row verified with the next row's p (where the
+    # next row asked for at least as many positions).
+    if len(outputs) < 2 or requests[0].stage.order < 1:
+        return outputs
+    leaked = []
+    for index, output in enumerate(outputs):
+        other = outputs[(index + 1) % len(outputs)]
+        fits = output.logits is not None and other.logits is not None and other.logits.shape[0] >= output.logits.shape[0]
+        leaked.append(Output(logits=other.logits[: output.logits.shape[0]], hidden=output.hidden) if fits else output)
+    return leaked
+
+
+def _swapped_slots(requests: list[Forward]) -> list[Forward]:
+    # The verifier's slot table off by one row after prefill: a target forward over a cached prefix
+    # runs each row on the next row's keys and values (a row's prompt, on its first forward, is right).
+    if len(requests) < 2 or requests[0].stage.order < 1:
+        return requests
+    slots = [request.slot for request in requests]
+    return [replace(request, slot=slots[(index + 1) % len(slots)]) if request.start > 0 else request
+            for index, request in enumerate(requests)]
+
+
+BATCH_MUTANTS: dict[str, tuple[str, EngineSeams]] = {
+    "row_gets_neighbours_p": ("batched verification hands each row the next row's target logits",
+                              EngineSeams(hand_back=_neighbours_p)),
+    "row_cache_swapped": ("the verifier's slot table is off by one row: each row is verified over the next row's KV cache",
+                          EngineSeams(route=_swapped_slots)),
+}
+
 # The truncation mutant only differs from the correct engine under a truncating policy.
 ENGINE_MUTANT_POLICY: dict[str, dict] = {"truncation_dropped": {"top_k": 4}}
 
-__all__ = ["ENGINE_MUTANTS", "ENGINE_MUTANT_POLICY", "RULE_MUTANTS", "TREE_MUTANTS", "StaleRollbackScorer", "fallback_law",
+__all__ = ["BATCH_MUTANTS", "ENGINE_MUTANTS", "ENGINE_MUTANT_POLICY", "RULE_MUTANTS", "TREE_MUTANTS", "StaleRollbackScorer", "fallback_law",
            "target_laws"]

@@ -14,14 +14,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from diagnostics.audit.engine_level import EngineAudit, PitSample, audit_generator, engine_generator, pit_sample, transformers_generator
-from diagnostics.audit.mutants import ENGINE_MUTANT_POLICY, ENGINE_MUTANTS, RULE_MUTANTS, TREE_MUTANTS
+from diagnostics.audit.mutants import BATCH_MUTANTS, ENGINE_MUTANT_POLICY, ENGINE_MUTANTS, RULE_MUTANTS, TREE_MUTANTS
 from diagnostics.audit.rule_level import RuleAudit, audit_rule, battery, model_pairs, rule_adapter, transformers_adapter
 from diagnostics.engine import CORRECT
 from diagnostics.policy import Policy
 from diagnostics.engine.tree_draft import TreeSpec
 
 RULE_IMPLEMENTATIONS = ["ours", "transformers", *RULE_MUTANTS]
-ENGINE_IMPLEMENTATIONS = ["ours", "transformers", *ENGINE_MUTANTS]
+ENGINE_IMPLEMENTATIONS = ["ours", "transformers", *ENGINE_MUTANTS, *BATCH_MUTANTS]
 TREE_IMPLEMENTATIONS = ["ours", *TREE_MUTANTS]  # with --tree: transformers has no tree verification
 TINY = "tiny"
 DEFAULT_PROMPT = "Tell me a short story about a robot who learns to paint."
@@ -53,6 +53,8 @@ def describe(implementation: str) -> str:
         return f"planted bug (rule level): {RULE_MUTANTS[implementation][0]}"
     if implementation in ENGINE_MUTANTS:
         return f"planted bug (engine level): {ENGINE_MUTANTS[implementation][0]}"
+    if implementation in BATCH_MUTANTS:
+        return f"planted bug (batched engine, rows of one batch): {BATCH_MUTANTS[implementation][0]}"
     if implementation in TREE_MUTANTS:
         return f"planted bug (tree engine, with --tree): {TREE_MUTANTS[implementation][0]}"
     names = dict.fromkeys(RULE_IMPLEMENTATIONS + ENGINE_IMPLEMENTATIONS + TREE_IMPLEMENTATIONS)
@@ -145,7 +147,7 @@ def plan_engine_audit(implementation: str, setup: EngineSetup, generations: int 
     if implementation == "transformers":
         generator = transformers_generator(setup.target, setup.draft, max_new_tokens, policy=policy, gamma=gamma)
     else:
-        seams = ENGINE_MUTANTS[implementation][1] if implementation in ENGINE_MUTANTS else CORRECT
+        seams = {**ENGINE_MUTANTS, **BATCH_MUTANTS}.get(implementation, (None, CORRECT))[1]
         generator = engine_generator(setup.target, setup.draft, max_new_tokens, policy=policy, gamma=gamma,
                                      eos_token_id=sorted(setup.eos), seams=seams)
     name = {"ours": "ours (lossless engine)", "transformers": "transformers generate(assistant_model, do_sample=True)"}.get(

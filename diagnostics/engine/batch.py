@@ -297,7 +297,8 @@ def _drive(pair: _Pair, plans: list[RowPlan], limit: int, gamma: int, spec: Tree
             stage = min((request.stage for _, request in active.values()), key=lambda item: item.order)
             group = sorted(((index, request) for index, (_, request) in active.items() if request.stage is stage),
                            key=lambda item: item[1].slot)
-            outputs = stage.run([request for _, request in group])
+            requests = [request for _, request in group]
+            outputs = seams.hand_back(requests, stage.run(seams.route(requests)))
             for (index, _), output in zip(group, outputs):
                 advance(index, active[index][0], output)
     finally:

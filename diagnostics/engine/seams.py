@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from diagnostics.engine.drafting import TargetScorer
+from diagnostics.engine.forward import Forward, Output
 from diagnostics.engine.tree_walk import all_node_steps
 from diagnostics.policy import Policy, probabilities
 from diagnostics.rules import Rule
@@ -31,9 +32,22 @@ def fallback_law(rule: Rule, p_laws: torch.Tensor, q_laws: torch.Tensor, index: 
     return rule.fallback(p_laws[index], q_laws[index])
 
 
+def route(requests: list[Forward]) -> list[Forward]:
+    """The requests a stage runs for a batch's rows: each row's own (its slot, its inputs)."""
+    return requests
+
+
+def hand_back(requests: list[Forward], outputs: list[Output]) -> list[Output]:
+    """What each row gets back from a batched forward: its own output."""
+    return outputs
+
+
 @dataclass(frozen=True)
 class EngineSeams:
-    """The three steps of the loop a losslessness audit may replace with a planted bug.
+    """The steps of the loop a losslessness audit may replace with a planted bug: the target's laws,
+    the fallback law, the scorer (cache rollback, tree inputs, path rows), the tree walk's steps,
+    and the batch's plumbing (``route``: which slot each row's forward uses; ``hand_back``: which
+    output each row receives), where rows of one batch could leak into each other.
 
     The defaults are the correct steps; ``diagnostics.audit.mutants`` builds wrong ones. Passed
     explicitly (never patched globally) so a planted engine cannot leak into another run.
@@ -43,6 +57,8 @@ class EngineSeams:
     fallback_law: Callable[[Rule, torch.Tensor, torch.Tensor, int], torch.Tensor] = fallback_law
     scorer: type = TargetScorer
     tree_steps: Callable[..., dict] = all_node_steps
+    route: Callable[[list[Forward]], list[Forward]] = route
+    hand_back: Callable[[list[Forward], list[Output]], list[Output]] = hand_back
 
 
 CORRECT = EngineSeams()

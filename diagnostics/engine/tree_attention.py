@@ -17,7 +17,7 @@ prefix cache, never the one a chain of calls keeps using.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import torch
 
@@ -75,10 +75,21 @@ def tree_inputs(
     are the uncached prefix tokens (``prefix_length − cached`` of them) and then the nodes from
     ``first_node`` on, and whose keys are the whole prefix and every node (the cache holds the
     prefix's first ``cached`` tokens and the nodes before ``first_node``, in breadth-first order).
-    Visible: 0; hidden: ``finfo(dtype).min``. Node ``i`` sits at position ``prefix_length − 1 + depth(i)``."""
-    count = len(tree.tokens)
+    Visible: 0; hidden: ``finfo(dtype).min``. Node ``i`` sits at position ``prefix_length − 1 + depth(i)``.
+
+    The result depends on the tree's shape only (not its tokens), and rounds and rows of a batch
+    repeat shapes, so it is built once per shape; the tensors returned are copies."""
     if first_node and cached != prefix_length:
         raise ValueError("feeding later nodes needs the whole prefix in the cache")
+    mask, positions = _shape_inputs(prefix_length, tree.parents, dtype, cached, first_node)
+    return mask.clone(), positions.clone()
+
+
+@lru_cache(maxsize=4096)
+def _shape_inputs(prefix_length: int, parents: tuple[int, ...], dtype: torch.dtype, cached: int,
+                  first_node: int) -> tuple[torch.Tensor, torch.Tensor]:
+    tree = TokenTree(parents=parents, tokens=(0,) * len(parents))
+    count = len(parents)
     fresh = prefix_length - cached
     keys = prefix_length + count
     allowed = torch.zeros(fresh + count - first_node, keys, dtype=torch.bool)
