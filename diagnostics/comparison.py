@@ -22,6 +22,7 @@ from diagnostics.engine import EngineError, PositionRecord, Run
 from diagnostics.metrics import log_likelihood, verified_acceptance
 from diagnostics.rules import split_specs
 from diagnostics.runner import RunRequest, first_divergence, record_batch
+from diagnostics.models import LoadedModel
 from diagnostics.store import Store
 
 MAX_SEEDS = 32

@@ -19,8 +19,6 @@ halves run as two batched stages over one slot store (``SplitStages``).
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from diagnostics.engine.fast_forward import DecoderParts, supports_direct_forward

@@ -1,0 +1,251 @@
+"""``audit``: losslessness at the rule level, the engine level, of a recorded run, or all of them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+import os
+
+
+def command_audit(args: argparse.Namespace) -> int:
+    from diagnostics.audit.reporting import json_safe, summary_line
+    from diagnostics.audit.suite import AuditError
+
+    if sum(bool(value) for value in (args.run, args.engine, args.all)) > 1:
+        raise AuditError("choose one of --run, --engine and --all")
+    if args.real_positions < 0:
+        raise AuditError(f"--real-positions must be >= 0 (real positions to add to the battery), got {args.real_positions}")
+    if args.early_exit is not None and args.early_exit < 1:
+        raise AuditError(f"--early-exit must be >= 1 (the draft's layers), got {args.early_exit}")
+    if args.tree and not (args.engine or args.all):
+        raise AuditError("--tree audits the tree engine: add --engine ours (or a planted tree bug), or --all")
+    if args.run:
+        results = [_audit_recorded(args)]
+    elif args.engine:
+        results = [_audit_engine(args, args.engine)]
+    elif args.all:
+        results = _audit_all(args)
+    else:
+        results = [_audit_rule(args, args.implementation)]
+    if args.save:
+        from diagnostics.store import Store
+
+        store = Store(args.db)
+        for result in results:
+            result["audit_id"] = store.add_audit(result, summary_line(result))
+    for result in results:
+        print(json.dumps(json_safe(result), ensure_ascii=False))
+    if args.all:
+        for result in results:
+            print(summary_line(result), file=sys.stderr)
+    return 0
+
+
+def _policy(args: argparse.Namespace):
+    from diagnostics.policy import Policy
+
+    if args.temperature is None and args.top_k is None and args.top_p is None:
+        return None  # each implementation's default (the truncation bug needs top-k to show)
+    return Policy(temperature=1.0 if args.temperature is None else args.temperature, top_k=args.top_k, top_p=args.top_p)
+
+
+def _setup(args: argparse.Namespace):
+    from diagnostics.audit.suite import DEFAULT_PROMPT, TINY, model_setup, tiny_setup
+
+    if args.target == TINY:
+        return tiny_setup()
+    return model_setup(args.target, layer=args.early_exit, prompt=args.prompt or DEFAULT_PROMPT)
+
+
+def _progress(label: str):
+    if not sys.stderr.isatty():
+        return None
+
+    def report(done: int, total: int) -> None:
+        print(f"\r{label}: generation {done}/{total}", end="" if done < total else "\n", file=sys.stderr, flush=True)
+
+    return report
+
+
+def _audit_engine(args: argparse.Namespace, implementation: str, setup=None) -> dict:
+    from diagnostics.audit.suite import MODEL_BUDGET, TINY, TINY_BUDGET, check_budget, run_engine_audit
+
+    default_generations, default_tokens = TINY_BUDGET if args.target == TINY else MODEL_BUDGET
+    generations = default_generations if args.generations is None else args.generations
+    max_new_tokens = default_tokens if args.max_new_tokens is None else args.max_new_tokens
+    check_budget(generations, max_new_tokens, args.gamma)  # before loading any model
+    tree = _audit_tree(args)
+    result = run_engine_audit(
+        implementation, setup or _setup(args), generations=generations, max_new_tokens=max_new_tokens,
+        gamma=args.gamma, policy=_policy(args), level=args.level, first_seed=args.seed, progress=_progress(implementation),
+        tree=tree,
+    )
+    return result.as_dict()
+
+
+def _audit_tree(args: argparse.Namespace):
+    """The ``--tree`` shape of an engine audit (``None``: the chain engine), checked before any model loads."""
+    from diagnostics.engine.tree_draft import parse_tree
+
+    return parse_tree(args.tree, children=args.tree_children) if args.tree else None
+
+
+def _audit_rule(args: argparse.Namespace, implementation: str, real_pairs: list | None = None) -> dict:
+    from diagnostics.audit.suite import real_positions, run_rule_audit
+
+    if real_pairs is None and args.real_positions:
+        real_pairs = real_positions(_setup(args), args.real_positions)
+    result = run_rule_audit(implementation, rule=args.rule, samples=args.samples, level=args.level,
+                            declared=args.declared, seed=args.seed, real_pairs=real_pairs)
+    return result.as_dict()
+
+
+AUDIT_PARTS = 2  # each engine audit's seeds run in this many slices, so the cores share the slowest audit
+
+
+def _audit_all(args: argparse.Namespace) -> list[dict]:
+    """Our implementation, transformers', and every planted bug, each at its layer.
+
+    The audits are seeded and each engine audit's seeds split into disjoint slices whose PIT
+    samples merge into exactly what one pass gives, so the parts run in worker processes (one per
+    core, one torch thread each, the slowest first) with the same verdicts and statistics as in
+    one process; results come back in the listed order."""
+    from diagnostics.audit.engine_level import engine_audit
+    from diagnostics.audit.suite import ENGINE_IMPLEMENTATIONS, RULE_IMPLEMENTATIONS, TREE_IMPLEMENTATIONS, real_positions
+
+    real_pairs = real_positions(_setup(args), args.real_positions) if args.real_positions else None
+    engines = TREE_IMPLEMENTATIONS if args.tree else ENGINE_IMPLEMENTATIONS  # with --tree: the tree engine and its bugs
+    rules = list(RULE_IMPLEMENTATIONS)
+    # Longest first: transformers' generate, transformers' rule-level step (one call per few
+    # drafts), then our engine and the planted ones, then the vectorised rule-level audits.
+    slowest = sorted(engines, key=lambda name: name != "transformers")
+    jobs = ([("engine", name, part) for name in slowest[:1] for part in range(AUDIT_PARTS)]
+            + [("rule", name, 0) for name in rules if name == "transformers"]
+            + [("engine", name, part) for name in slowest[1:] for part in range(AUDIT_PARTS)]
+            + [("rule", name, 0) for name in rules if name != "transformers"])
+    workers = min(os.cpu_count() or 1, 4)
+    if workers < 2:
+        done = {job: _audit_job(args, job, real_pairs) for job in jobs}
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_one_thread) as pool:
+            futures = {job: pool.submit(_audit_job, args, job, real_pairs) for job in jobs}
+            done = {job: future.result() for job, future in futures.items()}
+    results = [done[("rule", name, 0)] for name in rules]
+    for name in engines:
+        parts = [done[("engine", name, part)] for part in range(AUDIT_PARTS)]
+        sample = parts[0]["sample"]
+        for part in parts[1:]:
+            sample = sample.merge(part["sample"])
+        first = parts[0]
+        results.append(engine_audit(sample, first["prompt_ids"], first["seeds"], level=args.level,
+                                    implementation=first["name"], settings=first["settings"]).as_dict())
+    return results
+
+
+def _one_thread() -> None:
+    import torch
+
+    torch.set_num_threads(1)
+
+
+def _audit_job(args: argparse.Namespace, job: tuple[str, str, int], real_pairs: list | None) -> dict:
+    """One part of ``audit --all``: a rule-level audit, or one slice of an engine audit's seeds."""
+    kind, name, part = job
+    if kind == "rule":
+        return _audit_rule(args, name, real_pairs)
+    from diagnostics.audit.suite import MODEL_BUDGET, TINY, TINY_BUDGET, engine_audit_part, plan_engine_audit
+
+    default_generations, default_tokens = TINY_BUDGET if args.target == TINY else MODEL_BUDGET
+    setup = _setup(args)
+    plan = plan_engine_audit(name, setup, generations=default_generations if args.generations is None else args.generations,
+                             max_new_tokens=default_tokens if args.max_new_tokens is None else args.max_new_tokens,
+                             gamma=args.gamma, policy=_policy(args), level=args.level, first_seed=args.seed,
+                             tree=_audit_tree(args))
+    return {"sample": engine_audit_part(plan, setup, part, AUDIT_PARTS), "name": plan.name, "settings": plan.settings,
+            "seeds": list(plan.seeds), "prompt_ids": list(setup.prompt_ids)}
+
+
+def _audit_recorded(args: argparse.Namespace) -> dict:
+    from diagnostics.audit import audit_recorded_run
+    from diagnostics.inspection import models_to_load, target_spec
+    from diagnostics.models import ModelError, load_model
+    from diagnostics.store import Store
+    from diagnostics.untrusted import visible
+
+    store = Store(args.db, read_only=True)
+    run = store.get_run(args.run)
+    if run is None:
+        raise ValueError(f"there is no run {args.run!r} in {store.path}")
+    target = None
+    named = models_to_load(run)
+    if named and not args.load_models:
+        # A database (maybe a colleague's) names these; loading them is the user's call.
+        print(f"note: p is not recomputed: the run names {', '.join(visible(name, limit=200) for name in named)}; "
+              "pass --load-models to load it from this machine (never from the network)", file=sys.stderr)
+    else:
+        try:
+            target = load_model(target_spec(run), local_only=True)
+        except ModelError as error:
+            print(f"note: p is not recomputed: {visible(error)}", file=sys.stderr)  # replay and flags only
+    payload = audit_recorded_run(store, args.run, target).as_dict()
+    payload["p_recomputed"] = target is not None
+    return payload
+
+
+
+
+def mutant_names(layer: str) -> list[str]:
+    from diagnostics.audit import BATCH_MUTANTS, ENGINE_MUTANTS, RULE_MUTANTS
+    from diagnostics.audit.mutants import TREE_MUTANTS
+
+    return list({"rule": RULE_MUTANTS, "tree": TREE_MUTANTS}.get(layer, {**ENGINE_MUTANTS, **BATCH_MUTANTS}))
+
+
+def add_parser(commands: Any) -> None:
+    """The ``audit`` command's options."""
+    audit = commands.add_parser(
+        "audit", help="losslessness audit: a verification rule, a whole generator (--engine), a recorded run (--run), or all (--all)",
+        description="Rule level (default): one verification step on a battery of (p, q) pairs. Engine level (--engine NAME): "
+                    "seeded generations tested against the target's law by teacher forcing. Recorded (--run ID): replay a stored run. "
+                    "--all: every implementation and planted bug at its layer. Prints JSON verdicts with their evidence.")
+    audit.add_argument("--implementation", default="ours", metavar="NAME",
+                       help="rule level: ours, transformers (its _speculative_sampling) or a planted bug: " + ", ".join(mutant_names("rule")))
+    audit.add_argument("--rule", default=None, help="with --implementation ours: audit our rule SPEC (default lossless)")
+    audit.add_argument("--declared", default=None, help="test against this lossy rule's exact law instead of p")
+    audit.add_argument("--samples", type=int, default=60_000, help="rule level: verification steps per (p, q) pair")
+    audit.add_argument("--real-positions", type=int, default=0, metavar="K",
+                       help="rule level: add K real positions of --target (full-vocabulary p and its early-exit q) to the battery")
+    audit.add_argument("--engine", default=None, metavar="NAME",
+                       help="engine level: ours, transformers (generate with assistant_model, do_sample=True) or a planted bug: "
+                            + ", ".join(mutant_names("engine")))
+    audit.add_argument("--target", default="tiny",
+                       help="engine level / real positions: 'tiny' (random 12-token Llamas built here, fast), 'default' (embedded model) or a path/hub id")
+    audit.add_argument("--early-exit", type=int, default=None, metavar="LAYER",
+                       help="draft (and transformers' assistant) for a real target: its first LAYER layers (default 26)")
+    audit.add_argument("--prompt", default=None, help="prompt for a real target (chat template applied)")
+    audit.add_argument("--generations", type=int, default=None, help="engine level: seeded generations (default 800 tiny, 40 real)")
+    audit.add_argument("--max-new-tokens", type=int, default=None, help="engine level: tokens per generation (default 12 tiny, 16 real)")
+    audit.add_argument("--gamma", type=int, default=3, help="engine level: draft tokens per block")
+    audit.add_argument("--tree", default=None, metavar="K1,K2,…",
+                       help="engine level: audit the tree engine with this shape (e.g. 3,2,1); --engine ours or a planted "
+                            "tree bug (" + ", ".join(mutant_names("tree")) + ")")
+    audit.add_argument("--tree-children", default="top", choices=["top", "sample", "sample-distinct"],
+                       help="engine level with --tree: how each node's children are drafted")
+    audit.add_argument("--temperature", type=float, default=None, help="engine level: the policy (default 1)")
+    audit.add_argument("--top-k", type=int, default=None, help="engine level: top-k of the policy (off when not given)")
+    audit.add_argument("--top-p", type=float, default=None, help="engine level: top-p of the policy (off when not given)")
+    audit.add_argument("--level", type=float, default=0.01, help="family-wise false-alarm rate of a correct implementation")
+    audit.add_argument("--seed", type=int, default=0, help="first seed of the audit's draws")
+    audit.add_argument("--run", default=None, help="audit a recorded run instead: replay every decision (with --db)")
+    audit.add_argument("--load-models", action="store_true",
+                       help="with --run: load the models the run names (local files only) to recompute p; without it, only "
+                            "the embedded default is loaded, since a shared database can name any folder")
+    audit.add_argument("--all", action="store_true", help="every implementation and planted bug at its layer; prints a table on stderr")
+    audit.add_argument("--save", action="store_true", help="store the audit(s) in the database (shown on the Audit page and in reports)")
+    audit.add_argument("--db", default=None, help="DuckDB file (default $SPECLAB_DB or data/runs.duckdb)")
+    audit.set_defaults(handler=command_audit)

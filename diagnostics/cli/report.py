@@ -1,0 +1,51 @@
+"""``report``: one self-contained HTML file of runs, audits and sweeps."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def command_report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from diagnostics.report import build_report
+    from diagnostics.store import Store, complete_groups
+    from diagnostics.untrusted import visible
+
+    output = Path(args.output).expanduser()
+    if output.is_dir():
+        raise ValueError(f"{output} is a folder; give -o a file name, e.g. {output / 'report.html'}")
+    if not output.parent.is_dir():
+        raise ValueError(f"the folder {output.parent} does not exist; create it, or give -o a path in an existing folder")
+    store = Store(args.db, read_only=True)
+    completion = complete_groups(store, args.run_ids)  # build_report does the same: a group is reported whole
+    if args.cost < 0:
+        raise ValueError(f"--cost must be >= 0 (draft step / target step), got {args.cost}")
+    # Built before the file is opened: no half-written report.
+    text = build_report(store, args.run_ids, args.audit, args.sweep, cost=args.cost)
+    try:
+        output.write_text(text, encoding="utf-8")
+    except OSError as error:
+        raise ValueError(f"cannot write {output}: {error.strerror or error}") from None
+    for note in completion.notes("reported"):
+        print(f"note: {visible(note, limit=500)}", file=sys.stderr)
+    print(json.dumps({"report": str(output.resolve()), "runs": completion.run_ids, "audits": args.audit,
+                      "added_for_groups": completion.added, "bytes": len(text.encode())}, ensure_ascii=False))
+    return 0
+
+
+def add_parser(commands: Any) -> None:
+    """The ``report`` command's options."""
+    report = commands.add_parser("report", help="one self-contained HTML file for runs (a run or a compared group) and audits")
+    report.add_argument("run_ids", nargs="*", metavar="RUN_ID", help="runs to include (their stored audits come with them)")
+    report.add_argument("--audit", action="append", default=[], metavar="AUDIT_ID", help="a stored audit to include (repeatable)")
+    report.add_argument("--sweep", action="append", default=[], metavar="SWEEP_ID",
+                        help="a stored sweep to include: its Pareto chart, figures with intervals and verdicts (repeatable)")
+    report.add_argument("--cost", type=float, default=0.5, metavar="C",
+                        help="draft/target cost ratio of one step for the sweeps' modelled speed-up")
+    report.add_argument("--db", default=None, help="DuckDB file (default $SPECLAB_DB or data/runs.duckdb)")
+    report.add_argument("-o", "--output", required=True, help="the HTML file to write")
+    report.set_defaults(handler=command_report)

@@ -1,0 +1,82 @@
+"""``run``: generate once and record every position; ``run --replay`` records a stored run again."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from diagnostics.cli.common import Progress, add_generation_options, prepare, progress_wanted, rule_help, run_json
+
+
+def command_run(args: argparse.Namespace) -> int:
+    from diagnostics.runner import record_run
+
+    if args.replay is not None:
+        return command_replay(args)
+    if args.prompt is None:
+        raise ValueError("pass --prompt TEXT, or --replay RUN_ID to record a stored run again")
+    store, target, draft, (request,) = prepare(args, [args.rule])
+    progress = Progress(request.max_new_tokens, request.rule, progress_wanted(args))
+    try:
+        run_id, run = record_run(store, target, draft, request, on_record=progress)
+    finally:
+        progress.close()
+    print(run_json(run_id, run, str(store.path)), flush=True)
+    return 0
+
+
+# Options that say how to generate: a replay takes them from the stored run, so typing one is a mistake.
+_REPLAYED_OPTIONS = ("prompt", "rule", "target", "draft", "gamma", "max_new_tokens", "temperature", "top_k", "top_p",
+                     "min_p", "eta", "draft_temperature", "seed", "raw", "tree", "tree_budget", "tree_depth", "tree_children")
+
+
+def command_replay(args: argparse.Namespace) -> int:
+    """``run --replay RUN_ID``: record the stored run again with its own settings; print the usual
+    JSON plus ``replay_of`` and ``reproduced`` (the new token ids equal the stored ones)."""
+    from pathlib import Path
+
+    from diagnostics.inspection import target_spec
+    from diagnostics.models import load_draft, load_model
+    from diagnostics.runner import check_replay_prompt, record_run, request_from_run
+    from diagnostics.store import Store, default_db_path
+
+    if args.prompt is not None:
+        raise ValueError("--prompt and --replay exclude each other: a replay uses the stored run's own prompt")
+    from diagnostics.cli import build_parser
+
+    defaults = vars(build_parser().parse_args(["run", "--replay", "placeholder"]))
+    typed = [name for name in _REPLAYED_OPTIONS if getattr(args, name) != defaults[name]]
+    if typed:
+        raise ValueError(f"--replay takes the stored run's own settings; drop --{typed[0].replace('_', '-')}")
+    path = Path(args.db).expanduser() if args.db is not None else default_db_path()
+    if not path.is_file():
+        raise ValueError(f"there is no database at {path} to replay run {args.replay!r} from; pass --db the file that holds it")
+    store = Store(path)
+    stored = store.get_run(args.replay)
+    if stored is None:
+        raise ValueError(f"there is no run {args.replay!r} in {store.path}; check the id, or pass --db the file that holds it")
+    request = request_from_run(stored)
+    request.top_k_record = args.top_k_record
+    request.validate()
+    target = load_model(target_spec(stored), dtype=args.dtype, device=args.device, trust_remote_code=args.trust_remote_code)
+    check_replay_prompt(target, request, stored.get("prompt_ids"), args.replay)
+    draft = load_draft(request.draft, target, dtype=args.dtype, trust_remote_code=args.trust_remote_code)
+    progress = Progress(request.max_new_tokens, f"replay {request.rule}", progress_wanted(args))
+    try:
+        run_id, run = record_run(store, target, draft, request, on_record=progress)
+    finally:
+        progress.close()
+    payload = json.loads(run_json(run_id, run, str(store.path)))
+    stored_tokens = [int(token) for token in stored.get("tokens") or []]
+    payload.update(replay_of=args.replay, reproduced=list(run.tokens) == stored_tokens)
+    print(json.dumps(payload, ensure_ascii=False), flush=True)
+    return 0
+
+
+def add_parser(commands: Any) -> None:
+    """The ``run`` command's options."""
+    run = commands.add_parser("run", help="generate once with a verification rule and record every position")
+    add_generation_options(run, replayable=True)
+    run.add_argument("--rule", default="lossless", help=rule_help())
+    run.set_defaults(handler=command_run)
