@@ -21,7 +21,7 @@ import pandas as pd
 from diagnostics.engine import EngineError, PositionRecord, Run
 from diagnostics.metrics import log_likelihood, verified_acceptance
 from diagnostics.rules import split_specs
-from diagnostics.runner import RunRequest, first_divergence, record_batch
+from diagnostics.runner import RunRequest, batch_key, first_divergence, record_batch
 from diagnostics.models import LoadedModel
 from diagnostics.store import Store
 
@@ -115,8 +115,19 @@ def run_group(
     (or an interruption) ends every member in flight after its current round, kept
     ``interrupted``; members that had not started (a ``batch_size`` below the group's size) do not."""
     group_id = group_id or uuid.uuid4().hex[:12]
-    stored = record_batch(store, target, draft, requests, group_ids=group_id, on_record_for=on_record_for,
-                          should_stop=should_stop, batch_size=batch_size)
+    # Members that share a drafter and shape run as one batch; a group comparing shapes (a chain and
+    # a tree) runs one batch per shape, in the order the shapes first appear.
+    batches: dict[tuple, list[int]] = {}
+    for index, request in enumerate(requests):
+        batches.setdefault(batch_key(request), []).append(index)
+    stored: list[tuple[str | None, Run | None]] = [(None, None)] * len(requests)
+    for indices in batches.values():
+        if should_stop is not None and any(run is not None for _, run in stored) and should_stop():
+            break
+        per_member = None if on_record_for is None else (lambda row, request, _i=indices: on_record_for(_i[row], request))
+        for index, result in zip(indices, record_batch(store, target, draft, [requests[i] for i in indices], group_ids=group_id,
+                                                       on_record_for=per_member, should_stop=should_stop, batch_size=batch_size)):
+            stored[index] = result
     results = [(run_id, run) for run_id, run in stored if run_id is not None]
     divergence = divergences([(request.seed, run_id, run) for request, (run_id, run) in zip(requests, stored)
                               if run_id is not None])
