@@ -11,7 +11,10 @@
 * speculative vs plain decoding with each drafter;
 * trees against the chain: tokens per target forward, wall tokens/s, one tree forward against a
   chain forward of as many tokens;
-* peak memory of recording 2,000 positions (49,152-token vocabulary).
+* peak memory of recording 2,000 positions (49,152-token vocabulary);
+* batching: the same sweep of the embedded model (its units' coupled runs, recorded in a
+  database) one run at a time against one continuous batch, the batch-size curve, and the
+  engine-level audit (``audit --engine ours``) with its seeds batched against one at a time.
 
 Every timed call generates exactly ``max_new_tokens`` tokens (EOS ignored on both sides) and
 the median of ``repeat`` alternating repetitions is reported.
@@ -218,6 +221,11 @@ def run_bench(args: argparse.Namespace) -> int:
         report("greedy (T=0) ngram:3 vs plain greedy (repetitive prompt)",
                *_side_by_side(ours(repetitive, "ngram:3", temperature=0), ours(repetitive, None, temperature=0), repeat), "plain")
 
+    if args.only == "batch":
+        results["batching"] = _batching(n, args.quick)
+        print(json.dumps(results))
+        return 0
+
     # 7. Trees against the chain, both lossless with early-exit drafts: tokens per target forward
     # and wall tokens/s, and one tree forward against a chain forward of as many tokens.
     tree_shapes = {"tree budget 4, depth 4 (4 nodes)": {"tree_budget": 4, "tree_depth": 4},
@@ -243,6 +251,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
     # 8. Peak memory of recording 2,000 positions on a 49,152-token vocabulary.
     if args.only is None:
+        results["batching"] = _batching(n, args.quick)
         results["recording_memory"] = _recording_memory(2000 if not args.quick else 200)
         print(f"{'peak traced memory recording positions':58s} {results['recording_memory']}", file=sys.stderr)
     text = json.dumps(results)
@@ -308,3 +317,60 @@ def _recording_memory(positions: int) -> dict[str, float]:
     tracemalloc.stop()
     return {"positions": len(run.records), "peak_mib": round(peak / 2**20, 1),
             "per_position_kib": round(peak / 2**10 / max(1, len(run.records)), 2), "seconds": round(elapsed, 1)}
+
+
+BATCH_SIZES = (1, 8, 16, 32, 64)
+
+
+def _batching(max_new_tokens: int, quick: bool) -> dict[str, object]:
+    """Positions recorded per second by one in-process sweep of the embedded model (8 shipped general
+    prompts × 2 seeds × lenience and cascade with its baseline: 64 runs, early-exit:26 drafts), at each batch
+    size, the first being one run at a time; the same units every time, each into a fresh database.
+    Then the tiny engine audit's wall time, batched against one seed at a time."""
+    import tempfile
+    from pathlib import Path
+
+    from diagnostics.audit.engine_level import audit_generator
+    from diagnostics.audit.suite import plan_engine_audit, tiny_setup
+    from diagnostics.evaluation.prompts import load_prompts
+    from diagnostics.evaluation.sweeper import run_sweep, settings_of
+    from diagnostics.models import early_exit_model, load_model
+    from diagnostics.runner import RunRequest
+    from diagnostics.store import Store
+
+    target = load_model("default")
+    draft = early_exit_model(target, 26)
+    prompts = load_prompts("general")[: 2 if quick else 8]
+    tokens = min(max_new_tokens, 16 if quick else 32)
+    base = RunRequest(prompt=prompts[0].prompt, draft="early-exit:26", max_new_tokens=tokens)
+    settings = {**settings_of(prompts, ["lenience:0.5", "cascade:0.3"], 1 if quick else 2, base, "general"), "target": "default"}
+    sizes = (1, 4, 16) if quick else BATCH_SIZES
+    curve: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory() as folder:
+        for size in sizes:
+            store = Store(Path(folder) / f"batch{size}.duckdb")
+            start = time.perf_counter()
+            sweep_id = run_sweep(store, target, draft, settings, batch_size=size)
+            seconds = time.perf_counter() - start
+            positions = int(sum(len(store.positions(run_id)) for run_id in store.sweep_runs(sweep_id)["run_id"]))
+            curve[str(size)] = {"seconds": round(seconds, 2), "positions": positions, "positions_per_s": round(positions / seconds, 2)}
+            print(f"{f'sweep ({positions} positions), batch size {size}':58s} {seconds:7.1f} s  "
+                  f"{positions / seconds:7.2f} positions/s", file=sys.stderr)
+    one = curve["1"]["positions_per_s"]
+    best = max(curve, key=lambda size: curve[size]["positions_per_s"])
+    ratio = curve[best]["positions_per_s"] / one
+    print(f"{'sweep: best batch size vs one run at a time':58s} batch {best}: {ratio:5.2f}x", file=sys.stderr)
+    setup = tiny_setup()
+    plan = plan_engine_audit("ours", setup, generations=200 if quick else 800)
+    generators = {"batched": plan.generator,  # has .batch: seeds generated 64 at a time
+                  "one_at_a_time": lambda prompt_ids, seed: plan.generator(prompt_ids, seed)}  # one generate() per seed
+    audits = {}
+    for label, generator in generators.items():
+        start = time.perf_counter()
+        audit = audit_generator(generator, setup.target, setup.prompt_ids, plan.seeds, policy=plan.policy, eos=setup.eos)
+        audits[label] = {"seconds": round(time.perf_counter() - start, 2), "verdict": audit.verdict}
+    print(f"{'audit --engine ours (tiny): batched vs one seed at a time':58s} {audits['batched']['seconds']:7.1f} s  "
+          f"{audits['one_at_a_time']['seconds']:7.1f} s", file=sys.stderr)
+    return {"sweep_batch_curve": curve, "sweep_best_batch_size": int(best), "sweep_speedup_vs_one_at_a_time": round(ratio, 2),
+            "engine_audit": audits}
+

@@ -25,7 +25,7 @@ from diagnostics.engine import (
 from diagnostics.models import LoadedModel, parse_draft
 from diagnostics.policy import Policy
 from diagnostics.rules import get_rule
-from diagnostics.store import RunWriter, Store, StoreError
+from diagnostics.store import RunWriter, Store, StoreError, WriterGroup
 from diagnostics.engine.tree_draft import TreeSpec, spec_from_text
 
 
@@ -278,13 +278,14 @@ def record_batch(
                           "only the rule, seed, policy and token budget may differ")
     groups = group_ids if isinstance(group_ids, list) else [group_ids] * len(requests)
     writers: dict[int, RunWriter] = {}
+    shared = WriterGroup(store)  # the rows' records go to the store together, one connection per flush
     partial: dict[int, list[PositionRecord]] = {}
     callbacks: dict[int, Callable[[PositionRecord], None] | None] = {}
     done: set[int] = set()
     results: list[tuple[str | None, Run | None]] = [(None, None)] * len(requests)
 
     def start(index: int) -> None:
-        writers[index] = RunWriter(store, run_fields(requests[index], target.name, prompt_ids[index], groups[index]))
+        writers[index] = RunWriter(store, run_fields(requests[index], target.name, prompt_ids[index], groups[index]), group=shared)
         partial[index] = []
         callbacks[index] = on_record_for(index, requests[index]) if on_record_for is not None else None
 

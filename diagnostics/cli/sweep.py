@@ -162,7 +162,7 @@ def add_parser(commands: Any) -> None:
                             "worker). Floats depend on it, so the same N reproduces a sweep bit for bit")
     sweep.add_argument("--batch-size", type=int, default=None, metavar="N",
                        help="rows (coupled runs) per forward in this process: the units' members run as one continuous batch "
-                            "(default 16, measured by bench; the tokens do not depend on it)")
+                            "(default 32, measured by bench --only batch; the tokens do not depend on it)")
     add_generation_options(sweep, with_prompt=False)
     sweep.set_defaults(max_new_tokens=32)
     sweep.set_defaults(handler=command_sweep)

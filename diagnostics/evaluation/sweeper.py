@@ -93,8 +93,8 @@ def open_sweep(store: Store, settings: dict[str, Any], sweep_id: str | None,
 def link_unit(store: Store, plan: SweepPlan, unit: Unit, members: list[Member], run_ids: list[str]) -> None:
     """Link a unit's stored runs to the sweep, each complete run with its checker's score of its
     output (checked now, once per distinct output; a HumanEval check runs in the sandbox)."""
-    runs = {run_id: store.get_run(run_id) or {} for run_id in run_ids}
-    outputs = {run_id: run.get("output_text") for run_id, run in runs.items() if run.get("status") == "complete"}
+    runs = store.run_outcomes(run_ids)
+    outputs = {run_id: run["output_text"] for run_id, run in runs.items() if run["status"] == "complete"}
     scores = scores_of(plan.checkers.get(unit.prompt_id), outputs)
     store.add_sweep_runs([
         {"sweep_id": plan.sweep_id, "unit": unit.index, "prompt_id": unit.prompt_id, "seed": unit.seed, "role": member.role,
@@ -125,7 +125,7 @@ def sweep_status(store: Store, plan: SweepPlan) -> Iterator[None]:
         store.set_sweep_status(plan.sweep_id, "interrupted", units_done=len(plan.finished), error="stopped by the user")
 
 
-DEFAULT_BATCH_SIZE = 16  # rows per forward for an in-process sweep (``bench``'s batch-size curve)
+DEFAULT_BATCH_SIZE = 32  # rows per forward for an in-process sweep (``bench --only batch``: the curve)
 
 
 def run_sweep(

@@ -8,6 +8,7 @@ from diagnostics.store.core import (
     DEFAULT_DB,
     LOCK_WAIT_S,
     RunWriter,
+    WriterGroup,
     Store,
     StoreBusy,
     StoreError,
@@ -26,6 +27,6 @@ from diagnostics.store.sharing import GroupCompletion, complete_groups, export_r
 
 __all__ = [
     "AUDIT_COLUMNS", "DEFAULT_DB", "KINDS", "LOCK_WAIT_S", "POSITION_COLUMNS", "RUN_COLUMNS", "SCHEMA_VERSION",
-    "STATUSES", "GroupCompletion", "RunWriter", "Store", "StoreBusy", "StoreError", "StoreFull", "complete_groups",
+    "STATUSES", "GroupCompletion", "RunWriter", "Store", "WriterGroup", "StoreBusy", "StoreError", "StoreFull", "complete_groups",
     "default_db_path", "export_runs", "import_runs",
 ]

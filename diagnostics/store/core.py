@@ -329,31 +329,48 @@ class Store(TreeTables, SweepTables):
 
     def add_positions(self, run_id: str, records: list[PositionRecord]) -> None:
         """Append records in one Arrow batch."""
+        self.add_many([(run_id, records)], [])
+
+    def add_many(self, positions: list[tuple[str, list[PositionRecord]]],
+                 trees: list[tuple[str, list[dict[str, Any]], list[dict[str, Any]]]],
+                 finishes: list[tuple[str, str, dict[str, Any] | None, str | None]] | None = None) -> None:
+        """Append the records of several runs (and their tree rounds and nodes) in one connection,
+        one Arrow batch per table, then set the final status of the runs in ``finishes`` (``run_id,
+        status, summary, error``, as ``finish_run``): what a batch of runs writes as it goes."""
         self._writable()
-        if not records:
-            return
+        updates = [self._finish_values(*finish) for finish in finishes or []]
         columns: dict[str, list[Any]] = {name: [] for name in POSITION_COLUMNS}
-        for record in records:
-            columns["run_id"].append(run_id)
-            for name in POSITION_COLUMNS:
-                if name != "run_id":
-                    columns[name].append(getattr(record, name))
-        batch = pa.table(columns, schema=ARROW_POSITIONS)
+        for run_id, records in positions:
+            for record in records:
+                columns["run_id"].append(run_id)
+                for name in POSITION_COLUMNS:
+                    if name != "run_id":
+                        columns[name].append(getattr(record, name))
+        rounds = [{**row, "run_id": run_id} for run_id, run_rounds, _ in trees for row in run_rounds]
+        nodes = [{**row, "run_id": run_id} for run_id, _, run_nodes in trees for row in run_nodes]
+        if not columns["run_id"] and not rounds and not nodes and not updates:
+            return
         with self.connect() as con:
-            con.register("position_batch", batch)
-            con.execute("INSERT INTO positions SELECT * FROM position_batch")
-            con.unregister("position_batch")
+            if columns["run_id"]:
+                con.register("position_batch", pa.table(columns, schema=ARROW_POSITIONS))
+                con.execute("INSERT INTO positions SELECT * FROM position_batch")
+                con.unregister("position_batch")
+            if rounds or nodes:
+                self.insert_tree_rows(con, rounds, nodes)
+            for run_id, values in updates:
+                con.execute(f"UPDATE runs SET {', '.join(f'{key} = ?' for key in values)} WHERE run_id = ?", [*values.values(), run_id])
 
     def finish_run(self, run_id: str, status: str, summary: dict[str, Any] | None = None, error: str | None = None) -> None:
         """Set the final status and the summary columns."""
-        self._writable()
+        self.add_many([], [], [(run_id, status, summary, error)])
+
+    @staticmethod
+    def _finish_values(run_id: str, status: str, summary: dict[str, Any] | None, error: str | None) -> tuple[str, dict[str, Any]]:
         if status not in STATUSES:
             raise StoreError(f"unknown status {status!r}")
         values = {key: value for key, value in (summary or {}).items() if key in RUN_COLUMNS and key != "run_id"}
         values.update(status=status, error=error, finished=_now())
-        assignments = ", ".join(f"{key} = ?" for key in values)
-        with self.connect() as con:
-            con.execute(f"UPDATE runs SET {assignments} WHERE run_id = ?", [*values.values(), run_id])
+        return run_id, values
 
     def set_group(self, run_ids: list[str], group_id: str, divergence: dict[str, int | None]) -> None:
         """Tag coupled runs with one group id and each run's first divergence from the group's first run."""
@@ -425,6 +442,15 @@ class Store(TreeTables, SweepTables):
                 row[key] = rebuilt[key]
         return row
 
+    def run_outcomes(self, run_ids: list[str]) -> dict[str, dict[str, Any]]:
+        """``status`` and ``output_text`` of several finished runs, in one query."""
+        if not run_ids:
+            return {}
+        with self.connect() as con:
+            rows = con.execute(f"SELECT run_id, status, output_text FROM runs WHERE run_id IN ({', '.join('?' for _ in run_ids)})",
+                               list(run_ids)).fetchall()
+        return {run_id: {"status": status, "output_text": text} for run_id, status, text in rows}
+
     def positions(self, run_id: str) -> pd.DataFrame:
         """Every recorded position of a run, in order."""
         with self.connect() as con:
@@ -488,40 +514,87 @@ class Store(TreeTables, SweepTables):
             return con.execute("SELECT * FROM runs WHERE group_id = ? ORDER BY created", [group_id]).df()
 
 
-class RunWriter:
-    """Buffers one run's records and writes them in Arrow batches (by count or age)."""
+class WriterGroup:
+    """The writers of a batch of runs flushing together: one connection per flush for all of them
+    (by count or age), so rows that share a forward also share their writes."""
 
-    def __init__(self, store: Store, run_fields: dict[str, Any], batch_size: int = 256, max_age_s: float = 1.0) -> None:
+    def __init__(self, store: Store, batch_size: int = 1024, max_age_s: float = 1.0) -> None:
+        self.store = store
+        self.batch_size = batch_size
+        self.max_age_s = max_age_s
+        self.writers: list[RunWriter] = []
+        self.finishes: list[tuple[str, str, dict[str, Any] | None, str | None]] = []
+        self._since = time.monotonic()
+
+    def due(self) -> bool:
+        buffered = sum(len(writer._buffer) for writer in self.writers)
+        return buffered >= self.batch_size or time.monotonic() - self._since >= self.max_age_s
+
+    def flush(self) -> None:
+        positions, trees = [], []
+        for writer in self.writers:
+            if writer._buffer:
+                positions.append((writer.run_id, writer._buffer))
+            if writer._rounds or writer._nodes:
+                trees.append((writer.run_id, writer._rounds, writer._nodes))
+        for writer in self.writers:
+            writer._buffer, writer._rounds, writer._nodes = [], [], []
+        finishes, self.finishes = self.finishes, []
+        self.writers = [writer for writer in self.writers if not writer.closed]
+        self._since = time.monotonic()
+        self.store.add_many(positions, trees, finishes)
+
+
+class RunWriter:
+    """Buffers one run's records and writes them in Arrow batches (by count or age); with a
+    ``group``, together with the other runs of its batch."""
+
+    def __init__(self, store: Store, run_fields: dict[str, Any], batch_size: int = 256, max_age_s: float = 1.0,
+                 group: WriterGroup | None = None) -> None:
         self.store = store
         self.run_id = store.start_run(run_fields)
         self.batch_size = batch_size
         self.max_age_s = max_age_s
+        self.group = group
+        self.closed = False
         self._buffer: list[PositionRecord] = []
         self._rounds: list[dict[str, Any]] = []
         self._nodes: list[dict[str, Any]] = []
         self._since = time.monotonic()
+        if group is not None:
+            group.writers.append(self)
 
     def add(self, record: PositionRecord) -> None:
         self._buffer.append(record)
-        if len(self._buffer) >= self.batch_size or time.monotonic() - self._since >= self.max_age_s:
+        if self.group is not None:
+            if self.group.due():
+                self.group.flush()
+        elif len(self._buffer) >= self.batch_size or time.monotonic() - self._since >= self.max_age_s:
             self.flush()
 
     def add_round(self, round_record: Any, node_records: list[Any]) -> None:
-        """A tree round and its nodes (``tree_engine.RoundRecord``, ``NodeRecord``), written with the positions."""
+        """A tree round and its nodes (``RoundRecord``, ``NodeRecord``), written with the positions."""
         self._rounds.append(round_record.as_dict())
         self._nodes.extend(node.as_dict() for node in node_records)
 
     def flush(self) -> None:
-        self.store.add_positions(self.run_id, self._buffer)
-        self._buffer = []
-        if self._rounds or self._nodes:
-            rounds, nodes = self._rounds, self._nodes
-            self._rounds, self._nodes = [], []
-            self.store.add_tree_rounds(self.run_id, rounds, nodes)
+        """Write what this run has buffered (with a group: what every run of the group has)."""
+        if self.group is not None:
+            self.group.flush()
+            return
+        positions, rounds, nodes = self._buffer, self._rounds, self._nodes
+        self._buffer, self._rounds, self._nodes = [], [], []
         self._since = time.monotonic()
+        self.store.add_many([(self.run_id, positions)] if positions else [],
+                            [(self.run_id, rounds, nodes)] if rounds or nodes else [])
 
     def finish(self, status: str, summary: dict[str, Any] | None = None, error: str | None = None) -> None:
         """Flush what is buffered, then record the final status: nothing recorded is lost."""
+        self.closed = True
+        if self.group is not None:  # the status goes in with the group's next write, made now
+            self.group.finishes.append((self.run_id, status, summary, error))
+            self.group.flush()
+            return
         self.flush()
         self.store.finish_run(self.run_id, status, summary, error)
 
@@ -529,6 +602,7 @@ class RunWriter:
         """``finish`` for a run that is ending badly (an error, Ctrl-C, a full disk): flush and
         record what can still be written, never raise. Returns why something could not be
         written, or ``None`` when everything was."""
+        self.closed = True
         problem = None
         try:
             self.flush()

@@ -35,15 +35,18 @@ class TreeTables:
         self._writable()
         if not rounds and not nodes:
             return
-        round_batch = _arrow_table(TREE_ROUND_COLUMNS, [{**row, "run_id": run_id} for row in rounds])
-        node_batch = _arrow_table(TREE_NODE_COLUMNS, [{**row, "run_id": run_id} for row in nodes])
         with self.connect() as con:
-            con.register("round_batch", round_batch)
-            con.register("node_batch", node_batch)
-            con.execute("INSERT INTO tree_rounds SELECT * FROM round_batch")
-            con.execute("INSERT INTO tree_nodes SELECT * FROM node_batch")
-            con.unregister("round_batch")
-            con.unregister("node_batch")
+            self.insert_tree_rows(con, [{**row, "run_id": run_id} for row in rounds], [{**row, "run_id": run_id} for row in nodes])
+
+    @staticmethod
+    def insert_tree_rows(con: duckdb.DuckDBPyConnection, rounds: list[dict[str, Any]], nodes: list[dict[str, Any]]) -> None:
+        """Insert round and node rows (each with its ``run_id``) on an open connection, one Arrow batch each."""
+        con.register("round_batch", _arrow_table(TREE_ROUND_COLUMNS, rounds))
+        con.register("node_batch", _arrow_table(TREE_NODE_COLUMNS, nodes))
+        con.execute("INSERT INTO tree_rounds SELECT * FROM round_batch")
+        con.execute("INSERT INTO tree_nodes SELECT * FROM node_batch")
+        con.unregister("round_batch")
+        con.unregister("node_batch")
 
     def tree_rounds(self, run_id: str) -> pd.DataFrame:
         """A tree run's rounds in order (empty for a chain run or an older file)."""
