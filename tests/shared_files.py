@@ -15,7 +15,8 @@ from diagnostics.audit.suite import run_engine_audit, run_rule_audit, tiny_setup
 from diagnostics.evaluation.prompts import PromptItem
 from diagnostics.evaluation.settings import settings_of
 from diagnostics.models import load_model
-from diagnostics.runner import RunRequest, compare_rules, record_run
+from diagnostics.comparison import compare_rules
+from diagnostics.runner import RunRequest, record_run
 from diagnostics.store import Store, export_runs
 
 # Markers show where a payload would have rendered: a test looks for them inside <a>, <img>,

@@ -11,7 +11,8 @@ from app_support import APP, open_page
 
 from diagnostics.engine import PositionRecord
 from diagnostics.models import load_model
-from diagnostics.runner import RunRequest, compare_rules, record_run
+from diagnostics.comparison import compare_rules
+from diagnostics.runner import RunRequest, record_run
 from diagnostics.store import Store
 
 

@@ -14,7 +14,8 @@ from tiny_models import save_tiny_model
 
 from diagnostics.engine import PositionRecord
 from diagnostics.models import load_model
-from diagnostics.runner import RunRequest, compare_rules
+from diagnostics.comparison import compare_rules
+from diagnostics.runner import RunRequest
 from diagnostics.store import Store
 
 playwright_api = pytest.importorskip("playwright.sync_api")

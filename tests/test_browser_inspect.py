@@ -129,6 +129,7 @@ def test_compare_launch_shows_progress_and_stop_keeps_the_finished_members(setup
     groups = Store(setup["db"], read_only=True).list_runs()
     newest = groups.sort_values("created").iloc[-1]["group_id"]
     members = Store(setup["db"], read_only=True).group(newest)
-    assert members["status"].tolist()[0] == "complete" and "interrupted" in members["status"].tolist()
-    assert len(members) < 30
+    # The 30 members run as one batch: the stop ends each after its round, keeping what it recorded.
+    assert set(members["status"]) <= {"complete", "interrupted"} and "interrupted" in set(members["status"])
+    assert len(members) == 30 and int(members["n_tokens"].sum()) > 0
     page.close()

@@ -343,7 +343,10 @@ def test_a_full_disk_is_one_line_and_keeps_earlier_runs(capsys, tiny_folder: str
         _, lines, _ = _run(capsys, "run", "--prompt", "w1 w2 w3", "--target", tiny_folder, "--draft", "ngram:2", "--raw",
                            "--max-new-tokens", "16", "--db", str(db), "--no-progress")
         earlier = lines[0]["run_id"]
-        argv = ["run", "--prompt", "w1 w2 w3 w4 w5", "--target", tiny_folder, "--draft", "ngram:2", "--raw", "--top-k-record", "12",
+        # Four coupled runs of 240 tokens, written together (about 0.5 MB): more than a checkpoint
+        # that shrinks the file frees, so the disk fills during the runs.
+        argv = ["compare", "--prompt", "w1 w2 w3 w4 w5", "--rules", "lossless,lenience:0.5,cascade:0.3,typical:0.2",
+                "--target", tiny_folder, "--draft", "ngram:2", "--raw", "--top-k-record", "12",
                 "--max-new-tokens", "240", "--db", str(db), "--no-progress"]
         if mounted:
             filler = folder / "filler"

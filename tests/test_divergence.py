@@ -95,17 +95,25 @@ def test_a_multi_seed_group_measures_divergence_per_seed_and_summarises(tmp_path
 
 
 def test_stop_keeps_finished_members_and_marks_the_group_interrupted(tmp_path: Path, tiny) -> None:
-    store = Store(tmp_path / "runs.duckdb")
+    """The members run as one batch: a stop ends every member in flight after its round, each kept
+    ``interrupted`` with what it recorded. With a batch of one member at a time, the members
+    finished before the stop stay ``complete`` and the members not begun never start."""
     planned = plan_group("lossless, lenience:0.5, typical:0.1", [0], _base())
-    seen: list[int] = []
+    for batch_size, expected in ((None, ["interrupted"] * 3), (1, ["complete", "interrupted"])):
+        store = Store(tmp_path / f"runs{batch_size}.duckdb")
+        seen: list[int] = []
 
-    def on_record_for(index, request):
-        return lambda record: seen.append(index)
+        def on_record_for(index, request, seen=seen):
+            return lambda record: seen.append(index)
 
-    def should_stop() -> bool:
-        return seen.count(1) >= 3  # stop during the second member
+        def should_stop(seen=seen) -> bool:
+            return seen.count(1) >= 3  # stop once the second member has three positions
 
-    group_id, results, _ = run_group(store, tiny, "ngram:2", planned, on_record_for=on_record_for, should_stop=should_stop)
-    members = store.group(group_id)
-    assert list(members["status"]) == ["complete", "interrupted"] and group_status(members) == "interrupted"
-    assert 2 not in seen  # the third member never started
+        group_id, results, _ = run_group(store, tiny, "ngram:2", planned, on_record_for=on_record_for, should_stop=should_stop,
+                                         batch_size=batch_size)
+        members = store.group(group_id)
+        assert list(members["status"]) == expected and group_status(members) == "interrupted"
+        for row in members.itertuples():  # each member kept every position it recorded
+            assert len(store.positions(row.run_id)) == row.n_tokens > 0
+        if batch_size == 1:
+            assert 2 not in seen  # the third member never started

@@ -15,7 +15,8 @@ from diagnostics.cli import main
 from diagnostics.engine import PositionRecord
 from diagnostics.models import load_model
 from diagnostics.report import build_report
-from diagnostics.runner import RunRequest, compare_rules
+from diagnostics.comparison import compare_rules
+from diagnostics.runner import RunRequest
 from diagnostics.store import Store, StoreError, complete_groups, export_runs, import_runs
 
 

@@ -79,7 +79,7 @@ if start and planned:
     finished = threading.Event()
     st.session_state["cmp_launching"] = (group_id, finished)
     st.subheader(f"Running {len(planned)} coupled runs")
-    st.button("Stop", key="cmp_stop", help="Stops the group: finished members are kept, the running one is kept as interrupted.")
+    st.button("Stop", key="cmp_stop", help="Stops the group: its members run together, so each is kept as it is, finished or interrupted.")
     slots = []
     for member in planned:
         slots.append((st.empty(), st.empty()))
