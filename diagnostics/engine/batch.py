@@ -297,6 +297,11 @@ def _drive(pair: _Pair, plans: list[RowPlan], limit: int, gamma: int, spec: Tree
             stage = min((request.stage for _, request in active.values()), key=lambda item: item.order)
             group = sorted(((index, request) for index, (_, request) in active.items() if request.stage is stage),
                            key=lambda item: item[1].slot)
+            # A joining row's first forward (its prompt) runs apart from the other rows' few tokens:
+            # padded together, every row would pay for the longest prompt.
+            prefill = [item for item in group if item[1].start == 0]
+            if prefill and len(prefill) < len(group):
+                group = prefill
             requests = [request for _, request in group]
             outputs = seams.hand_back(requests, stage.run(seams.route(requests)))
             for (index, _), output in zip(group, outputs):
