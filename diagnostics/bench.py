@@ -223,8 +223,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
     if args.only == "batch":
         results["batching"] = _batching(n, args.quick)
-        print(json.dumps(results))
-        return 0
+        return _emit(results, args.json)
 
     # 7. Trees against the chain, both lossless with early-exit drafts: tokens per target forward
     # and wall tokens/s, and one tree forward against a chain forward of as many tokens.
@@ -254,14 +253,19 @@ def run_bench(args: argparse.Namespace) -> int:
         results["batching"] = _batching(n, args.quick)
         results["recording_memory"] = _recording_memory(2000 if not args.quick else 200)
         print(f"{'peak traced memory recording positions':58s} {results['recording_memory']}", file=sys.stderr)
+    return _emit(results, args.json)
+
+
+def _emit(results: dict[str, object], path: str | None) -> int:
+    """The figures as one JSON object on stdout, and in ``path`` when given (``--json``)."""
     text = json.dumps(results)
-    if args.json:
+    if path:
         from pathlib import Path
 
         try:
-            Path(args.json).write_text(text + "\n", encoding="utf-8")
+            Path(path).write_text(text + "\n", encoding="utf-8")
         except OSError as error:
-            raise ValueError(f"cannot write {args.json}: {error.strerror or error}") from None
+            raise ValueError(f"cannot write {path}: {error.strerror or error}") from None
     print(text)
     return 0
 
