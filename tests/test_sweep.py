@@ -197,8 +197,8 @@ def test_a_stopped_sweep_resumes_to_the_same_tokens(prompt_file: Path, tiny_targ
             raise KeyboardInterrupt
         return False
 
-    with pytest.raises(KeyboardInterrupt):
-        run_sweep(broken, tiny_target, "early-exit:2", settings, should_stop=interrupt, batch_size=2)
+    with pytest.raises(KeyboardInterrupt):  # one run at a time: the first unit is done and linked before the fourth run
+        run_sweep(broken, tiny_target, "early-exit:2", settings, should_stop=interrupt, batch_size=1)
     interrupted_id = broken.list_sweeps()["sweep_id"].iloc[0]
     assert broken.get_sweep(interrupted_id)["status"] == "interrupted" and len(broken.list_runs()) == 4
     assert len(broken.sweep_runs(interrupted_id)) == 2  # unit 2's runs were never linked
@@ -568,7 +568,7 @@ def test_sweep_page_launches_a_sweep_and_resumes_a_stopped_one(prompt_file: Path
     def stop() -> bool:  # the page's sweep is done; stop this one as soon as its first unit is
         return int((writer.list_sweeps()["units_done"] >= 1).sum()) >= 2
 
-    stopped_id = run_sweep(writer, tiny_target, "early-exit:2", settings, should_stop=stop, batch_size=4)
+    stopped_id = run_sweep(writer, tiny_target, "early-exit:2", settings, should_stop=stop, batch_size=1)  # one run at a time
     assert writer.get_sweep(stopped_id)["status"] == "interrupted"
     at = open_page("views/sweep.py", {"sweep": stopped_id})
     assert any("interrupted with 1 of 2 units" in warning.value for warning in at.warning)
