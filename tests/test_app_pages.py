@@ -75,6 +75,19 @@ def test_compare_page_marks_the_divergence(populated) -> None:
         assert any(f"leaves the reference at position {expected}" in md.value for md in at.markdown)
 
 
+def test_a_group_of_several_seeds_shows_beside_the_launch_form(populated, tiny_folder: str) -> None:
+    """The group view's seed picker and the launch form's seed input are different widgets (they
+    once shared a key, and a group of several seeds crashed the page)."""
+    from diagnostics.comparison import plan_group, run_group
+
+    base = RunRequest(prompt="w1 w2 w3 w1 w2", draft="ngram:2", gamma=3, max_new_tokens=8, raw=True)
+    group_id, _, _ = run_group(populated["store"], load_model(tiny_folder), "ngram:2", plan_group("lossless, lenience:0.5", [0, 1], base))
+    at = _open("views/compare.py", {"group": group_id})
+    assert not at.exception, [e.value for e in at.exception]
+    at.selectbox(key="cmp_group_seed").set_value(1).run()
+    assert not at.exception and len(at.dataframe[1].value) == 2
+
+
 def test_runs_page_lists_and_filters(populated) -> None:
     at = _open("views/runs.py")
     assert len(at.dataframe[0].value) == 3

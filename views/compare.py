@@ -205,7 +205,8 @@ st.caption("Mean ± standard deviation over seeds. acceptance α: accepted / ver
            "target forward; modelled speed-up: (1 − α^(γ+1)) / ((1 − α)(γc + 1)) with the cost ratio c at the right; "
            "log-likelihood: Σ log p(y) of the output under the target. Wall-clock speed is on each run's Inspect page.")
 
-seed = st.selectbox("Seed", seeds, key="cmp_seed") if len(seeds) > 1 else seeds[0]
+# Not "cmp_seed": the launch form above has a seed input of that key (a page with both crashed).
+seed = st.selectbox("Seed", seeds, key="cmp_group_seed") if len(seeds) > 1 else seeds[0]
 at_seed = members[members.seed == seed]
 reference_id = refs.get(seed)
 rows = []
