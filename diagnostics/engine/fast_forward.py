@@ -3,11 +3,11 @@
 transformers' ``LlamaForCausalLM.forward`` wraps the decoder loop in config merging, output
 capturing, mask construction and output dataclasses. On a 2-layer test model that wrapper is 40%
 of a forward (profiled: 1.0 ms per call, 0.6 ms of it in the layers), and the engine-level audit
-runs tens of thousands of them. ``DirectForward`` calls the same modules in the same order:
+runs tens of thousands of them. ``DecoderParts`` calls the same modules in the same order:
 embedding, rotary embedding, each decoder layer with the KV cache, final norm, head, so the
 logits equal the wrapper's to float rounding (``tests/test_self_speculation.py`` checks them
-against a cache-free forward). ``LayerSplitModel`` uses the same pieces to run the layers in two
-parts (self-speculation).
+against a cache-free forward). ``engine.forward.DirectStage`` runs it for a batch of rows, and
+``self_speculation.SplitStages`` runs the layers in two parts (self-speculation).
 
 Only for model types whose forward is exactly that loop (``DIRECT_MODEL_TYPES``), without a
 sliding window or logit soft-capping; any other model uses its own ``forward``.
@@ -41,7 +41,7 @@ DIRECT_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
 
 def supports_direct_forward(loaded: LoadedModel) -> bool:
-    """Whether this model's forward is the plain loop ``DirectForward`` reproduces: a known decoder
+    """Whether this model's forward is the plain loop ``DecoderParts`` reproduces: a known decoder
     family, rotary positions, one final norm and head, no sliding window, no logit soft-capping."""
     config = getattr(loaded.model, "config", None)
     inner = getattr(loaded.model, "model", None)
@@ -239,16 +239,3 @@ class DecoderParts:
         if self.head_split is None or head._forward_hooks or head._forward_pre_hooks:
             return head(self.norm(hidden)).float()
         return self.head_split(self.norm(hidden)).float()
-
-
-class DirectForward:
-    """``forward(tokens, start, cache, keep)``: logits of the last ``keep`` of ``tokens`` fed after ``start`` cached tokens."""
-
-    def __init__(self, loaded: LoadedModel) -> None:
-        self.parts = DecoderParts(loaded)
-
-    @torch.inference_mode()
-    def __call__(self, tokens: list[int], start: int, cache: Any, keep: int) -> torch.Tensor:
-        parts = self.parts
-        hidden = parts.run(parts.embed_tokens(tokens), start, parts.layers, cache)
-        return parts.logits(hidden[0, -keep:])
