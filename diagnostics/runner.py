@@ -268,14 +268,10 @@ def record_batch(
     written. A stop ends the rows in flight ``interrupted`` and starts no other (their entry is
     ``(None, None)``); an error marks the unfinished rows ``failed`` and is raised again; Ctrl-C
     keeps what each row recorded as ``interrupted``."""
-    from diagnostics.engine import generate_batch
 
     if not requests:
         raise EngineError("nothing to run: give at least one request")
     prompt_ids = [checked_prompt_ids(target, request) for request in requests]
-    if len({batch_key(request) for request in requests}) > 1:
-        raise EngineError("the runs of one batch must share the drafter, gamma or tree, and draft stop; "
-                          "only the rule, seed, policy and token budget may differ")
     groups = group_ids if isinstance(group_ids, list) else [group_ids] * len(requests)
     writers: dict[int, RunWriter] = {}
     shared = WriterGroup(store)  # the rows' records go to the store together, one connection per flush
@@ -309,17 +305,10 @@ def record_batch(
         if on_stored is not None:
             on_stored(index, writer.run_id, run)
 
-    first = requests[0]
     try:
-        generate_batch(
-            target, draft if first.draft else None, prompt_ids, [request.rule for request in requests],
-            [request.seed for request in requests], gamma=first.gamma,
-            max_new_tokens=[request.max_new_tokens for request in requests],
-            policies=[request.policy for request in requests], draft_policies=[request.draft_policy for request in requests],
-            top_k_record=first.top_k_record, on_record=keep, on_round=lambda index, rnd, nodes: writers[index].add_round(rnd, nodes),
-            should_stop=should_stop, seams=seams, tree=first.tree_spec, draft_stop=first.draft_stop, batch_size=batch_size,
-            on_start=start, on_finish=finish,
-        )
+        generate_requests(target, draft, requests, prompt_ids, batch_size=batch_size, on_record=keep,
+                          on_round=lambda index, rnd, nodes: writers[index].add_round(rnd, nodes), should_stop=should_stop,
+                          seams=seams, on_start=start, on_finish=finish)
     except Exception as error:
         # Best effort: a full disk may refuse even this; the error itself is raised either way.
         for index, writer in writers.items():
@@ -361,19 +350,21 @@ def generate_request(
 
 
 def generate_requests(target: LoadedModel, draft: Any, requests: list[RunRequest], prompt_ids: list[list[int]],
-                      *, batch_size: int | None = None) -> list[Run]:
-    """The requests (sharing ``batch_key``) as rows of one batch, storing nothing: what a sweep
-    worker on another machine sends back for the driver to store."""
+                      *, batch_size: int | None = None, **hooks: Any) -> list[Run | None]:
+    """The requests (sharing ``batch_key``) as rows of one ``generate_batch``, storing nothing: what a
+    sweep worker on another machine sends back for the driver to store, and what ``record_batch``
+    stores as it runs. ``hooks``: ``generate_batch``'s callbacks, ``should_stop`` and ``seams``."""
     from diagnostics.engine import generate_batch
 
     if len({batch_key(request) for request in requests}) > 1:
-        raise EngineError("the runs of one batch must share the drafter, gamma or tree, and draft stop")
+        raise EngineError("the runs of one batch must share the drafter, gamma or tree, and draft stop; "
+                          "only the rule, seed, policy and token budget may differ")
     first = requests[0]
     return generate_batch(
         target, draft if first.draft else None, prompt_ids, [request.rule for request in requests],
         [request.seed for request in requests], gamma=first.gamma, max_new_tokens=[request.max_new_tokens for request in requests],
         policies=[request.policy for request in requests], draft_policies=[request.draft_policy for request in requests],
-        top_k_record=first.top_k_record, tree=first.tree_spec, draft_stop=first.draft_stop, batch_size=batch_size,
+        top_k_record=first.top_k_record, tree=first.tree_spec, draft_stop=first.draft_stop, batch_size=batch_size, **hooks,
     )
 
 
