@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -124,6 +125,18 @@ def shot(page, name: str, pause_ms: int = 800, full_page: bool = False) -> None:
     if pause_ms:
         page.wait_for_timeout(pause_ms)
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=full_page)
+
+
+def wait_or_explain(page, locator, what: str, timeout_ms: int = 60_000, state: str = "visible") -> None:
+    """``locator.wait_for``, failing with the page's own text and a screenshot (CI keeps both) rather
+    than a bare timeout, so that a failure seen only under CI's load says what the page showed."""
+    try:
+        locator.wait_for(timeout=timeout_ms, state=state)
+    except Exception as error:  # noqa: BLE001 - Playwright's timeout, explained
+        name = "failed_" + re.sub(r"[^a-z0-9]+", "_", what.lower())[:60]
+        shot(page, name, pause_ms=0, full_page=True)
+        text = page.locator("body").inner_text()[-4000:]
+        raise AssertionError(f"{what}: not {state} after {timeout_ms / 1000:.0f} s; screenshot {name}.png; the page said:\n{text}") from error
 
 
 def settled(page, timeout_ms: int = 60_000) -> None:

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-from browser_support import chromium, chromium_path, shot, streamlit_server
+from browser_support import chromium, chromium_path, shot, streamlit_server, wait_or_explain
 from tiny_models import save_tiny_model
 
 from diagnostics.models import load_model
@@ -159,9 +159,9 @@ def test_a_sweep_launched_on_the_page_stops_and_resumes(setup, page) -> None:
     page.get_by_text(re.compile(r"^[1-9]\d* / 24 units$")).wait_for(timeout=120_000)
     stop.click()
     warning = page.get_by_text(re.compile(r"This sweep is interrupted with \d+ of 24 units"))
-    warning.wait_for(timeout=60_000)
-    stop.wait_for(state="detached", timeout=60_000)
-    page.get_by_text("Per setting (95% intervals over prompts and seeds)").wait_for(timeout=60_000)
+    wait_or_explain(page, warning, "the interrupted sweep's warning")
+    wait_or_explain(page, stop, "Stop gone after the stop", state="detached")
+    wait_or_explain(page, page.get_by_text("Per setting (95% intervals over prompts and seeds)"), "the figures after the stop")
     page.wait_for_timeout(1000)  # the page's rerun after Stop has finished: a click now starts a new run
     _shot(page, "sweep_stopped")
     store = Store(setup["db"], read_only=True)
@@ -171,9 +171,9 @@ def test_a_sweep_launched_on_the_page_stops_and_resumes(setup, page) -> None:
     del store
     page.get_by_role("button", name="Resume", exact=True).click()
     stop.wait_for(timeout=60_000)
-    stop.wait_for(state="detached", timeout=300_000)
-    page.get_by_text("Per setting (95% intervals over prompts and seeds)").wait_for(timeout=60_000)
-    page.get_by_text("This sweep is interrupted").wait_for(state="detached", timeout=60_000)
+    wait_or_explain(page, stop, "Stop gone after the resumed sweep", timeout_ms=300_000, state="detached")
+    wait_or_explain(page, page.get_by_text("Per setting (95% intervals over prompts and seeds)"), "the figures after the resume")
+    wait_or_explain(page, page.get_by_text("This sweep is interrupted"), "the warning gone after the resume", state="detached")
     assert page.get_by_role("button", name="Resume", exact=True).count() == 0
     assert Store(setup["db"], read_only=True).get_sweep(sweep["sweep_id"])["status"] == "complete"
     _shot(page, "sweep_resumed")

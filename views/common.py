@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+import threading
+from dataclasses import dataclass, field
 from urllib.parse import quote, urlencode
 
 import streamlit as st
@@ -270,3 +272,26 @@ def headline_metrics(run: dict, positions, target: LoadedModel | None, key: str)
     st.caption(f"Details: {accepted} accepted and {rejected} rejected of {int(run.get('drafted') or 0)} drafted tokens "  # literal-ok: counts and formatted numbers
                f"(acceptance rate over every drafted token, discarded ones included: {'–' if rate is None or rate != rate else f'{rate:.3f}'}); "
                f"wall clock on the machine that ran it: {'–' if speed is None or speed != speed else f'{speed:.1f}'} tokens/s.")
+
+
+STOP_WAIT_S = 300  # how long a Stop waits for the stopped script's thread to store what it ran
+
+
+@dataclass
+class Launch:
+    """A run launched by a page, as the next script run finds it after a Stop. With Streamlit's fast
+    reruns, a click starts the next run in a new thread at once while this one is asked to stop at
+    its next st call; ``stopping`` (the engine's ``should_stop``) also ends the rows in flight at
+    their next round, so the stopped thread ends promptly even in a stretch of forwards without
+    st calls, and ``finished`` says when it has stored what it ran."""
+
+    info: dict = field(default_factory=dict)
+    finished: threading.Event = field(default_factory=threading.Event)
+    stopping: threading.Event = field(default_factory=threading.Event)
+
+    def settle(self, what: str) -> None:
+        """Stop the launched run's thread and wait (with a spinner) until it has stored what it ran."""
+        self.stopping.set()
+        if not self.finished.wait(timeout=1):
+            with st.spinner(f"Stopping the {what}: keeping what it ran"):  # literal-ok: what is a constant of the page
+                self.finished.wait(timeout=STOP_WAIT_S)

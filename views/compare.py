@@ -3,7 +3,6 @@ seeds: live progress with Stop, a summary across seeds, and the first divergence
 
 from __future__ import annotations
 
-import threading
 import uuid
 
 import pandas as pd
@@ -29,6 +28,7 @@ from diagnostics.models import ModelError, load_draft
 from diagnostics.rules import RuleError, get_rule
 from diagnostics.store import StoreError
 from views.common import (
+    Launch,
     cached_model,
     cost_ratio_input,
     decoder,
@@ -74,10 +74,9 @@ if start and planned:
         st.stop()
     group_id = uuid.uuid4().hex[:12]
     # Kept before the first token: if Stop (any click) interrupts the script, the next run shows
-    # this group. With fast reruns that next run starts in a new thread while this one is still
-    # storing the interrupted member: it waits on ``finished``.
-    finished = threading.Event()
-    st.session_state["cmp_launching"] = (group_id, finished)
+    # this group, once this thread has stored what it ran (``Launch.settle``).
+    launch = Launch({"group_id": group_id})
+    st.session_state["cmp_launching"] = launch
     st.subheader(f"Running {len(planned)} coupled runs")
     st.button("Stop", key="cmp_stop", help="Stops the group: its members run together, so each is kept as it is, finished or interrupted.")
     slots = []
@@ -98,9 +97,10 @@ if start and planned:
 
     try:
         try:
-            group_id, _, _ = run_group(store, target, draft, planned, group_id=group_id, on_record_for=on_record_for)
+            group_id, _, _ = run_group(store, target, draft, planned, group_id=group_id, on_record_for=on_record_for,
+                                       should_stop=launch.stopping.is_set)
         finally:
-            finished.set()
+            launch.finished.set()
     except (RuleError, EngineError, ModelError, StoreError, ValueError) as error:
         st.session_state.pop("cmp_launching", None)
         show_error(error)
@@ -112,8 +112,9 @@ if start and planned:
 
 launched = None
 if "cmp_launching" in st.session_state:
-    launched, finished = st.session_state.pop("cmp_launching")
-    finished.wait(timeout=30)  # the stopped run's thread is still writing its last member
+    stopped_launch: Launch = st.session_state.pop("cmp_launching")
+    stopped_launch.settle("group")
+    launched = stopped_launch.info["group_id"]
     try:
         # Its thread is done (or stuck): a member it left "running" is not being written any more.
         # Seen once in CI under load, cause not found: the stopped thread's own write never landed.

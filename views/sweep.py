@@ -3,8 +3,6 @@ the per-setting table with intervals and verdicts, and each setting's runs (to I
 
 from __future__ import annotations
 
-import threading
-
 import pandas as pd
 import streamlit as st
 
@@ -27,6 +25,7 @@ from diagnostics.models import ModelError, load_draft
 from diagnostics.rules import RuleError, split_specs
 from diagnostics.store import StoreError
 from views.common import (
+    Launch,
     cached_model,
     cost_ratio_input,
     literal,
@@ -89,9 +88,9 @@ def run_on_page(settings: dict, sweep_id: str | None) -> None:
     except (ModelError, ValueError, SandboxUnavailable) as error:
         show_error(error)
         st.stop()
-    holder: dict = {"sweep_id": sweep_id}
-    finished = threading.Event()
-    st.session_state["sw_launching"] = (holder, finished)  # the next script run finds what a Stop left
+    launch = Launch({"sweep_id": sweep_id})
+    holder = launch.info
+    st.session_state["sw_launching"] = launch  # the next script run finds what a Stop left
     st.button("Stop", key="sw_stop", help="Stops the sweep after the running block: finished units are kept; Resume runs the rest.")
     bar, line, strip = st.progress(0.0, text="loading"), st.empty(), st.empty()
 
@@ -115,9 +114,9 @@ def run_on_page(settings: dict, sweep_id: str | None) -> None:
     try:
         try:
             sweep_id = run_sweep(store, target, draft, settings, sweep_id=sweep_id, on_open=on_open, on_unit=on_unit,
-                                 on_record_for=on_record_for)
+                                 on_record_for=on_record_for, should_stop=launch.stopping.is_set)
         finally:
-            finished.set()
+            launch.finished.set()
     except (RuleError, EngineError, ModelError, StoreError, ValueError, SandboxUnavailable) as error:
         st.session_state.pop("sw_launching", None)
         show_error(error)
@@ -131,9 +130,9 @@ def run_on_page(settings: dict, sweep_id: str | None) -> None:
 def settle_stopped_launch() -> None:
     """After a Stop: wait for the stopped script's thread, then make sure nothing it ran is left
     ``running`` (the sweep and its unit's runs are marked ``interrupted``), and show that sweep."""
-    holder, finished = st.session_state.pop("sw_launching")
-    finished.wait(timeout=30)
-    stopped = holder.get("sweep_id")
+    launch: Launch = st.session_state.pop("sw_launching")
+    launch.settle("sweep")
+    stopped = launch.info.get("sweep_id")
     if stopped is None:
         return
     try:
