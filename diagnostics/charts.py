@@ -418,7 +418,7 @@ def audit_figure(evidence: dict) -> go.Figure | None:
                                    "(red: Holm-adjusted p below the level)",
                              yaxis_title="TV (tested cells)", height=380, margin={"t": 50, "b": 40, "l": 50, "r": 10})
         return figure
-    if layer == "engine":
+    if layer in ("engine", "external"):
         counts = evidence.get("bin_counts") or []
         if not counts or not sum(counts):
             return None

@@ -17,7 +17,7 @@ import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
 from diagnostics import __version__
-from diagnostics.audit.reporting import pair_rows, worst_position_rows
+from diagnostics.audit.reporting import pair_rows, worst_position_rows, worst_prompt_rows
 from diagnostics.charts import audit_figure, token_strip_html, tracks_figure
 from diagnostics.metrics import log_likelihood
 from diagnostics.store import Store, StoreError, complete_groups
@@ -92,13 +92,14 @@ def audit_section(audit: dict[str, Any], index: int) -> str:
     return f"""
 <section class="audit">
   <h3>{_text(audit['layer'])} audit · {_text(audit['implementation'])}
-      <span class="verdict {'fail' if verdict == 'fail' else 'pass'}">{_text(verdict.upper())}</span></h3>
+      <span class="verdict {verdict if verdict in ('fail', 'inconclusive') else 'pass'}">{_text(verdict.upper())}</span></h3>
   <p class="meta">audit {_text(audit['audit_id'])} · {_text(audit['created'])}</p>
   <p>{_text(audit['summary'])}</p>
   {''.join(f'<p class="reason">{_text(reason)}</p>' for reason in reasons)}
   {chart}
   {_table(pair_rows(evidence)) if evidence.get('layer') == 'rule' else ''}
   {_table(worst_position_rows(evidence))}
+  {_table(worst_prompt_rows(evidence))}
 </section>"""
 
 
@@ -215,7 +216,7 @@ def build_report(store: Store, run_ids: list[str], audit_ids: list[str] | None =
  table {{ border-collapse: collapse; }} td, th {{ border: 1px solid #d0d7de; padding: 4px 8px; text-align: right; }}
  .meta {{ color: #57606a; font-size: 0.9em; }} section.run {{ border-top: 1px solid #d0d7de; margin-top: 2em; }}
  pre {{ white-space: pre-wrap; background: #f6f8fa; padding: 8px; }}
- .verdict {{ padding: 2px 8px; border-radius: 4px; color: white; }} .verdict.pass {{ background: #1a7f37; }} .verdict.fail {{ background: #cf222e; }}
+ .verdict {{ padding: 2px 8px; border-radius: 4px; color: white; }} .verdict.pass {{ background: #1a7f37; }} .verdict.fail {{ background: #cf222e; }} .verdict.inconclusive {{ background: #9a6700; }}
 </style>
 <script>{get_plotlyjs()}</script>
 </head><body>

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import streamlit as st
 
 from diagnostics.audit import audit_recorded_run
-from diagnostics.audit.reporting import json_safe, pair_rows, summary_line, worst_position_rows
+from diagnostics.audit.external import DEFAULT_DETECT_TV, audit_samples
+from diagnostics.audit.reporting import json_safe, pair_rows, summary_line, worst_position_rows, worst_prompt_rows
+from diagnostics.audit.samples import MAX_FILE_BYTES, SamplesError, load_samples
+from diagnostics.audit.two_sample import two_sample_audit
 from diagnostics.audit.suite import (
     ENGINE_IMPLEMENTATIONS,
     MODEL_BUDGET,
@@ -20,17 +26,23 @@ from diagnostics.audit.suite import (
     tiny_setup,
 )
 from diagnostics.charts import audit_figure
+from diagnostics.engine import eos_ids
 from diagnostics.inspection import target_spec
 from diagnostics.models import ModelError
 from diagnostics.report import build_report
 from diagnostics.rules import RuleError, get_rule
-from views.common import default_target, file_name_part, literal, md, model_consent, open_store, plain, run_label, run_link, show_error, try_model
+from views.common import cached_model, default_target, file_name_part, literal, md, model_consent, open_store, plain, run_label, run_link, show_error, try_model
 
 LAYERS = {
     "Rule level": "One verification step run many times on a battery of (p, q) pairs; its output law tested against p.",
     "Engine level": "Many seeded generations; every token's randomized PIT under the target's law recomputed by teacher forcing.",
     "Recorded run": "Replay every stored decision from its uniforms; recompute p with plain forwards when the model is here.",
+    "External engine": "Generations from any engine (vLLM, SGLang, llama.cpp, TGI…) in a JSONL file: their PIT under the target's "
+                       "law by teacher forcing here, or a two-sample test against the same engine with speculation off.",
 }
+SAMPLES_FORMAT = ('One JSON object per line: {"prompt": "...", "token_ids": [...], "temperature": 1.0, "top_k": null, '
+                  '"top_p": null, "min_p": null} (optional prompt_ids, text, engine, speculative). '
+                  "Write one with python -m diagnostics audit --engine ours --write-samples FILE.")
 
 st.title("Audit")
 st.caption("Does an implementation do what its rule declares? An audit of a rule or of the engine tests whether its output "
@@ -86,6 +98,50 @@ def recorded_claim(evidence: dict, failed: bool) -> str:
     return md("the recorded decisions are " + ("not " if failed else "") + "consistent with the declared rule {rule}", rule=run["rule"]) + note
 
 
+def _uploaded_samples(label: str, key: str):
+    """Samples from an uploaded JSONL file (bounded, checked line by line), or ``None``."""
+    upload = st.file_uploader(label, type=["jsonl", "json", "txt"], key=key, help=SAMPLES_FORMAT)  # literal-ok: label and help are constants of this page
+    if upload is None:
+        return None
+    if upload.size > MAX_FILE_BYTES:
+        raise SamplesError(f"the file is {upload.size / 2**20:.0f} MiB; the limit is {MAX_FILE_BYTES // 2**20} MiB: split it")
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "samples.jsonl"
+        path.write_bytes(upload.getvalue())
+        return load_samples(path)
+
+
+def external_form() -> None:
+    """Audit an engine from its outputs: a samples file against the local target or a baseline file."""
+    samples = _uploaded_samples("Generations (JSONL, speculation on)", "audit_ext_file")
+    oracle = st.radio("Test against", ["target", "baseline"], horizontal=True, key="audit_ext_oracle",
+                      format_func={"target": "the target's law here (teacher forcing)",
+                                   "baseline": "the same engine with speculation off (two-sample; no weights needed)"}.get)
+    left, right = st.columns(2)
+    detect = left.number_input("TV to rule out", 0.005, 0.5, DEFAULT_DETECT_TV, 0.005, format="%.3f", key="audit_ext_tv",
+                               help="A clean sample too small to detect this distortion is 'inconclusive', not 'pass'.")
+    if oracle == "target":
+        target_name = right.text_input("Target (the model the engine served)", default_target(), key="audit_ext_target")
+        baseline = None
+    else:
+        baseline = _uploaded_samples("Baseline generations (JSONL, speculation off)", "audit_ext_baseline")
+    ready = samples is not None and (oracle == "target" or baseline is not None)
+    if samples is not None:
+        st.caption(f"{len(samples)} generations, {sum(len(sample.token_ids) for sample in samples):,} tokens"  # literal-ok: counts
+                   + ("" if baseline is None else f"; baseline {len(baseline)} generations"))  # literal-ok: counts
+    if st.button("Audit the generations", type="primary", key="audit_ext_go", disabled=not ready):
+        if baseline is not None:
+            _save(two_sample_audit(samples, baseline, detect_tv=float(detect), source="uploaded file").as_dict())
+            return
+        target = cached_model(target_name.strip() or "default")
+        st.button("Stop", key="audit_ext_stop", help="Stops the audit (nothing is stored)")
+        bar = st.progress(0.0, text="Teacher forcing…")
+        result = audit_samples(samples, target, detect_tv=float(detect), source="uploaded file", eos=eos_ids(target, None),
+                               progress=lambda done, total: bar.progress(done / total, text=f"Teacher forcing {int(done)}/{int(total)}"))
+        bar.empty()
+        _save(result.as_dict())
+
+
 with st.expander("New audit", expanded=store.list_audits().empty):
     layer = st.radio("Layer", list(LAYERS), horizontal=True, key="audit_layer")
     st.caption(LAYERS[layer])
@@ -123,6 +179,8 @@ with st.expander("New audit", expanded=store.list_audits().empty):
                                           gamma=int(gamma), progress=lambda done, total: bar.progress(done / total, text=f"Generation {int(done)}/{int(total)}"))
                 bar.empty()
                 _save(result.as_dict())
+        elif layer == "External engine":
+            external_form()
         else:
             runs = store.list_runs()
             if runs.empty:
@@ -164,11 +222,12 @@ if not audits.empty:
         evidence = store.get_audit(audit_id)["evidence"]
 
 verdict = evidence["verdict"]
-headline = "**FAIL** · " if verdict == "fail" else "**PASS** · "  # a constant: the stored verdict is only compared
+# Constants: the stored verdict is only compared.
+headline = {"fail": "**FAIL** · ", "inconclusive": "**INCONCLUSIVE** · "}.get(verdict, "**PASS** · ")
 if evidence.get("layer") == "recorded":
     headline += recorded_claim(evidence, verdict == "fail") + " · "
-(st.error if verdict == "fail" else st.success)(headline + md("{line}", line=line_without_verdict(evidence)),
-                                               icon="🚨" if verdict == "fail" else "✅")
+banner = {"fail": (st.error, "🚨"), "inconclusive": (st.warning, "⚠️")}.get(verdict, (st.success, "✅"))
+banner[0](headline + md("{line}", line=line_without_verdict(evidence)), icon=banner[1])
 for reason in evidence.get("reasons") or []:
     st.markdown(f"- {literal(reason)}")
 figure = audit_figure(evidence)
@@ -186,8 +245,12 @@ if rows:
         positions = list(dict.fromkeys(int(row["position"]) for row in rows if row["position"] >= 0))
         if positions:
             st.markdown("Inspect: " + " · ".join(run_link(f"position {position}", evidence["run_id"], position) for position in positions))  # literal-ok: run_link pieces
-elif evidence.get("layer") == "engine":
+elif evidence.get("layer") in ("engine", "external") and evidence.get("bin_counts"):
     st.caption("No output position had the 100 tokens needed for a test of its own; only the pooled test ran.")
+prompts = worst_prompt_rows(evidence)
+if prompts:
+    st.markdown("**Worst prompts** (each prompt's PIT on its own; Holm-adjusted across prompts)")
+    st.dataframe(prompts, hide_index=True)
 settings = evidence.get("settings")
 if settings:
     st.caption(md("Settings: {settings}", settings=", ".join(f"{key} = {value}" for key, value in settings.items())))

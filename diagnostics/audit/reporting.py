@@ -38,6 +38,14 @@ def summary_line(result: dict[str, Any]) -> str:
         return (f"recorded · run {result['run_id']} · {verdict} · {result['positions']} positions · {len(result['flags'])} flags · "
                 f"acceptance z = {_number(result.get('acceptance_z'), '.2f')} · max |p recorded − p recomputed| = "
                 f"{_number(difference, '.2g') if difference is not None else 'not recomputed (model not available locally)'}")
+    if layer == "external":
+        reasons = "; ".join(result.get("reasons") or []) or "PIT uniform at every tested position"
+        distortion = result.get("distortion")
+        estimate = ("" if distortion is None else
+                    f" · distortion {distortion:.3f} [{_number(result.get('distortion_low'), '.3f')}, {_number(result.get('distortion_high'), '.3f')}]")
+        return (f"external · {result['implementation']} · {verdict} · {result['tokens']:,} tokens from {result['generations']} "
+                f"generations of {result['prompts']} prompts · p = {_number(result['p_value'])} · detects TV ≥ "
+                f"{_number(result['detectable_tv'], '.3f')}{estimate} · {reasons}")
     return f"{layer} · {verdict}"
 
 
@@ -52,7 +60,7 @@ def pair_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
 
 def worst_position_rows(result: dict[str, Any], limit: int = 10) -> list[dict[str, Any]]:
     """Engine level: output positions by Holm-adjusted p; recorded: flags first, then largest |Δp|."""
-    if result.get("layer") == "engine":
+    if result.get("layer") in ("engine", "external"):
         rows = [{"output position": item["position"], "tokens": item["tokens"], "χ²": item["statistic"],
                  "p": item["p_value"], "Holm-adjusted p": item["adjusted_p"]} for item in result.get("positions", [])]
         return sorted(rows, key=lambda row: row["Holm-adjusted p"])[:limit]
@@ -62,6 +70,12 @@ def worst_position_rows(result: dict[str, Any], limit: int = 10) -> list[dict[st
                  "detail": f"{item['kind']} token {item['token']}: {item['p_difference']:.3g}"} for item in result.get("worst_positions", [])]
         return (flagged + rest)[:limit]
     return []
+
+
+def worst_prompt_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """External audit: the prompts whose own PIT is least uniform (Holm across prompts), smallest p first."""
+    return [{"prompt": item["prompt"][:200], "generations": item["generations"], "tokens": item["tokens"], "p": item["p_value"],
+             "Holm-adjusted p": item["adjusted_p"]} for item in result.get("worst_prompts") or []]
 
 
 # -- the structure a stored audit's evidence must have to be shown ---------------------------
@@ -108,6 +122,13 @@ EVIDENCE_FIELDS: dict[str, dict[str, Any]] = {
     "engine": {**_COMMON, "implementation": _text, "generations": _whole, "tokens": _whole, "p_value": _optional_number,
                "detectable_tv": _optional_number, "level": _is_number, "bin_counts?": _list_of(_whole),
                "positions?": _list_of(_POSITION_TEST)},
+    "external": {**_COMMON, "verdict": lambda value: value in ("pass", "fail", "inconclusive"), "implementation": _text,
+                 "design": _text, "source": _text, "generations": _whole, "tokens": _whole, "prompts": _whole,
+                 "p_value": _optional_number, "detectable_tv": _optional_number, "detect_tv": _is_number, "level": _is_number,
+                 "distortion?": _optional_number, "distortion_low?": _optional_number, "distortion_high?": _optional_number,
+                 "bin_counts?": _list_of(_whole), "positions?": _list_of(_POSITION_TEST),
+                 "worst_prompts?": _list_of({"prompt": _text, "generations": _whole, "tokens": _whole,
+                                             "p_value": _optional_number, "adjusted_p": _optional_number})},
     "recorded": {**_COMMON, "run_id": _text, "positions": _whole, "acceptance_z": _optional_number,
                  "max_p_difference": _optional_number, "flags": _list_of(_FLAG), "worst_positions?": _list_of(_WORST)},
 }
@@ -132,7 +153,7 @@ def evidence_problem(evidence: Any) -> str | None:
         return "is not a JSON object"
     layer = evidence.get("layer")
     if layer not in EVIDENCE_FIELDS:
-        return "has no known layer (rule, engine or recorded)"
+        return "has no known layer (rule, engine, external or recorded)"
     problem = _fields_problem(evidence, EVIDENCE_FIELDS[layer])
     if problem is None and layer == "rule" and not evidence["pairs"]:
         problem = "has no pairs"

@@ -167,6 +167,30 @@ def run_engine_audit(implementation: str, setup: EngineSetup, generations: int =
                            eos=setup.eos, implementation=plan.name, settings=plan.settings, progress=progress)
 
 
+def engine_samples(plan: EnginePlan, setup: EngineSetup, path: str, engine: str | None = None) -> int:
+    """Write the plan's seeded generations (each cut after its first EOS) as a samples file, the
+    format ``audit --samples`` reads, and return how many were written (a crashed seed has none)."""
+    from diagnostics.audit.engine_level import BATCH_SEEDS, _generate_chunk
+    from diagnostics.audit.samples import Sample, write_samples
+
+    policy = plan.policy or Policy()
+    seeds = list(plan.seeds)
+    batch = getattr(plan.generator, "batch", None)
+    samples = []
+    for first in range(0, len(seeds), BATCH_SEEDS):
+        chunk = seeds[first : first + BATCH_SEEDS]
+        for seed, tokens in zip(chunk, _generate_chunk(plan.generator, batch, setup.prompt_ids, chunk)):
+            if isinstance(tokens, Exception):
+                continue
+            ended = next((index for index, token in enumerate(tokens) if token in setup.eos), None)
+            tokens = tokens if ended is None else tokens[: ended + 1]
+            samples.append(Sample(prompt=setup.description.get("prompt", ""), token_ids=list(tokens), temperature=policy.temperature,
+                                  top_k=policy.top_k, top_p=policy.top_p, min_p=policy.min_p, prompt_ids=list(setup.prompt_ids),
+                                  engine=engine or plan.name, speculative=True, seed=int(seed)))
+    write_samples(path, samples)
+    return len(samples)
+
+
 def engine_audit_part(plan: EnginePlan, setup: EngineSetup, part: int, parts: int) -> PitSample:
     """The PIT sample of the ``part``-th of ``parts`` contiguous slices of the plan's seeds."""
     seeds = list(plan.seeds)

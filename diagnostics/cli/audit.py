@@ -13,15 +13,25 @@ def command_audit(args: argparse.Namespace) -> int:
     from diagnostics.audit.reporting import json_safe, summary_line
     from diagnostics.audit.suite import AuditError
 
-    if sum(bool(value) for value in (args.run, args.engine, args.all)) > 1:
-        raise AuditError("choose one of --run, --engine and --all")
+    samples_file = _samples_file(args)
+    if sum(bool(value) for value in (args.run, args.engine, args.all, samples_file)) > 1:
+        raise AuditError("choose one of --run, --engine, --all and --samples FILE")
+    if args.baseline_samples and not samples_file:
+        raise AuditError("--baseline-samples compares with --samples FILE: give both")
+    if args.write_samples and not args.engine:
+        raise AuditError("--write-samples writes an engine's generations: add --engine NAME")
     if args.real_positions < 0:
         raise AuditError(f"--real-positions must be >= 0 (real positions to add to the battery), got {args.real_positions}")
     if args.early_exit is not None and args.early_exit < 1:
         raise AuditError(f"--early-exit must be >= 1 (the draft's layers), got {args.early_exit}")
     if args.tree and not (args.engine or args.all):
         raise AuditError("--tree audits the tree engine: add --engine ours (or a planted tree bug), or --all")
-    if args.run:
+    if samples_file:
+        results = [_audit_samples(args, samples_file)]
+    elif args.engine and args.write_samples:
+        _write_engine_samples(args, args.engine)
+        return 0
+    elif args.run:
         results = [_audit_recorded(args)]
     elif args.engine:
         results = [_audit_engine(args, args.engine)]
@@ -43,6 +53,67 @@ def command_audit(args: argparse.Namespace) -> int:
     return 0
 
 
+def _samples_file(args: argparse.Namespace) -> str | None:
+    """``--samples``: a JSONL file of generations to audit; a whole number is the rule level's draws
+    per pair (its meaning before files could be audited, kept)."""
+    if args.samples is None or args.samples.strip().lstrip("-").isdigit():
+        return None
+    return args.samples
+
+
+def _rule_draws(args: argparse.Namespace) -> int:
+    return int(args.samples) if args.samples is not None and not _samples_file(args) else args.draws
+
+
+def _audit_samples(args: argparse.Namespace, path: str) -> dict:
+    """The external audit of a samples file: against --baseline-samples (two-sample), or against
+    the local copy of --target (teacher forcing under each line's declared settings)."""
+    from diagnostics.audit.external import audit_samples
+    from diagnostics.audit.samples import load_samples
+    from diagnostics.audit.suite import AuditError
+    from diagnostics.audit.two_sample import two_sample_audit
+
+    samples = load_samples(path)
+    if args.baseline_samples:
+        baseline = load_samples(args.baseline_samples)
+        return two_sample_audit(samples, baseline, level=args.level, detect_tv=args.detect_tv, source=str(path)).as_dict()
+    if args.target is None:
+        raise AuditError("give --target ID (a local copy of the model the engine served) or --baseline-samples FILE "
+                         "(the same engine with speculation off)")
+    from diagnostics.audit.suite import TINY, tiny_setup
+    from diagnostics.engine import eos_ids
+    from diagnostics.models import load_model
+
+    if args.target == TINY:
+        setup = tiny_setup()
+        target, eos = setup.target, setup.eos
+    else:
+        target = load_model(args.target, trust_remote_code=False)
+        eos = eos_ids(target, None)
+    return audit_samples(samples, target, level=args.level, detect_tv=args.detect_tv, source=str(path), eos=eos,
+                         progress=_progress("teacher forcing")).as_dict()
+
+
+def _write_engine_samples(args: argparse.Namespace, implementation: str) -> None:
+    """``--engine NAME --write-samples FILE``: the generations an engine audit would make, as a
+    samples file (the format ``--samples`` reads), to audit like any other engine's."""
+    from diagnostics.audit.suite import MODEL_BUDGET, TINY, TINY_BUDGET, engine_samples, plan_engine_audit
+
+    setup = _setup(args)
+    default_generations, default_tokens = TINY_BUDGET if _target(args) == TINY else MODEL_BUDGET
+    plan = plan_engine_audit(implementation, setup, generations=default_generations if args.generations is None else args.generations,
+                             max_new_tokens=default_tokens if args.max_new_tokens is None else args.max_new_tokens,
+                             gamma=args.gamma, policy=_policy(args), level=args.level, first_seed=args.seed, tree=_audit_tree(args))
+    count = engine_samples(plan, setup, args.write_samples)
+    print(f"wrote {count} generations of {plan.name} to {args.write_samples}", file=sys.stderr)
+
+
+def _target(args: argparse.Namespace) -> str:
+    from diagnostics.audit.suite import TINY
+
+    return TINY if args.target is None else args.target
+
+
 def _policy(args: argparse.Namespace):
     from diagnostics.policy import Policy
 
@@ -54,9 +125,9 @@ def _policy(args: argparse.Namespace):
 def _setup(args: argparse.Namespace):
     from diagnostics.audit.suite import DEFAULT_PROMPT, TINY, model_setup, tiny_setup
 
-    if args.target == TINY:
+    if _target(args) == TINY:
         return tiny_setup()
-    return model_setup(args.target, layer=args.early_exit, prompt=args.prompt or DEFAULT_PROMPT)
+    return model_setup(_target(args), layer=args.early_exit, prompt=args.prompt or DEFAULT_PROMPT)
 
 
 def _progress(label: str):
@@ -72,7 +143,7 @@ def _progress(label: str):
 def _audit_engine(args: argparse.Namespace, implementation: str, setup=None) -> dict:
     from diagnostics.audit.suite import MODEL_BUDGET, TINY, TINY_BUDGET, check_budget, run_engine_audit
 
-    default_generations, default_tokens = TINY_BUDGET if args.target == TINY else MODEL_BUDGET
+    default_generations, default_tokens = TINY_BUDGET if _target(args) == TINY else MODEL_BUDGET
     generations = default_generations if args.generations is None else args.generations
     max_new_tokens = default_tokens if args.max_new_tokens is None else args.max_new_tokens
     check_budget(generations, max_new_tokens, args.gamma)  # before loading any model
@@ -97,7 +168,7 @@ def _audit_rule(args: argparse.Namespace, implementation: str, real_pairs: list 
 
     if real_pairs is None and args.real_positions:
         real_pairs = real_positions(_setup(args), args.real_positions)
-    result = run_rule_audit(implementation, rule=args.rule, samples=args.samples, level=args.level,
+    result = run_rule_audit(implementation, rule=args.rule, samples=_rule_draws(args), level=args.level,
                             declared=args.declared, seed=args.seed, real_pairs=real_pairs)
     return result.as_dict()
 
@@ -160,7 +231,7 @@ def _audit_job(args: argparse.Namespace, job: tuple[str, str, int], real_pairs: 
         return _audit_rule(args, name, real_pairs)
     from diagnostics.audit.suite import MODEL_BUDGET, TINY, TINY_BUDGET, engine_audit_part, plan_engine_audit
 
-    default_generations, default_tokens = TINY_BUDGET if args.target == TINY else MODEL_BUDGET
+    default_generations, default_tokens = TINY_BUDGET if _target(args) == TINY else MODEL_BUDGET
     setup = _setup(args)
     plan = plan_engine_audit(name, setup, generations=default_generations if args.generations is None else args.generations,
                              max_new_tokens=default_tokens if args.max_new_tokens is None else args.max_new_tokens,
@@ -217,14 +288,26 @@ def add_parser(commands: Any) -> None:
                        help="rule level: ours, transformers (its _speculative_sampling) or a planted bug: " + ", ".join(mutant_names("rule")))
     audit.add_argument("--rule", default=None, help="with --implementation ours: audit our rule SPEC (default lossless)")
     audit.add_argument("--declared", default=None, help="test against this lossy rule's exact law instead of p")
-    audit.add_argument("--samples", type=int, default=60_000, help="rule level: verification steps per (p, q) pair")
+    audit.add_argument("--draws", type=int, default=60_000, help="rule level: verification steps per (p, q) pair")
+    audit.add_argument("--samples", default=None, metavar="FILE.jsonl",
+                       help="audit any engine from its outputs: one JSON object per line with prompt, token_ids, temperature, "
+                            "top_k, top_p, min_p (optional prompt_ids, text, engine, speculative); against --target's law by "
+                            "teacher forcing, or against --baseline-samples (a whole number here is --draws, as before)")
+    audit.add_argument("--baseline-samples", default=None, metavar="FILE.jsonl",
+                       help="with --samples: the same engine's generations with speculation off (two-sample test; no weights needed)")
+    audit.add_argument("--detect-tv", type=float, default=0.05,
+                       help="with --samples: the distortion (TV) to rule out; a clean sample too small to detect it is "
+                            "'inconclusive', not 'pass'")
+    audit.add_argument("--write-samples", default=None, metavar="FILE.jsonl",
+                       help="with --engine: write its seeded generations as a samples file instead of auditing them")
     audit.add_argument("--real-positions", type=int, default=0, metavar="K",
                        help="rule level: add K real positions of --target (full-vocabulary p and its early-exit q) to the battery")
     audit.add_argument("--engine", default=None, metavar="NAME",
                        help="engine level: ours, transformers (generate with assistant_model, do_sample=True) or a planted bug: "
                             + ", ".join(mutant_names("engine")))
-    audit.add_argument("--target", default="tiny",
-                       help="engine level / real positions: 'tiny' (random 12-token Llamas built here, fast), 'default' (embedded model) or a path/hub id")
+    audit.add_argument("--target", default=None,
+                       help="engine level / real positions: 'tiny' (random 12-token Llamas built here, fast; the default), "
+                            "'default' (embedded model) or a path/hub id; with --samples: the model the engine served")
     audit.add_argument("--early-exit", type=int, default=None, metavar="LAYER",
                        help="draft (and transformers' assistant) for a real target: its first LAYER layers (default 26)")
     audit.add_argument("--prompt", default=None, help="prompt for a real target (chat template applied)")

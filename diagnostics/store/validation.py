@@ -77,7 +77,8 @@ _AUDIT_CHECKS: list[tuple[str, str]] = [
      "SELECT audit_id FROM audits WHERE audit_id IS NULL OR layer IS NULL OR verdict IS NULL OR evidence IS NULL LIMIT 1"),
     ("two audits share the id {0}", "SELECT audit_id FROM audits GROUP BY audit_id HAVING count(*) > 1 LIMIT 1"),
     ("audit {0} has an unknown layer or verdict",
-     "SELECT audit_id FROM audits WHERE layer NOT IN ('rule', 'engine', 'recorded') OR verdict NOT IN ('pass', 'fail') LIMIT 1"),
+     "SELECT audit_id FROM audits WHERE layer NOT IN ('rule', 'engine', 'recorded', 'external') "
+     "OR verdict NOT IN ('pass', 'fail', 'inconclusive') OR (verdict = 'inconclusive' AND layer <> 'external') LIMIT 1"),
 ]
 
 

@@ -1,0 +1,175 @@
+"""A file of generations from any engine, as the external audit reads it (JSONL, untrusted).
+
+One JSON object per line::
+
+    {"prompt": str, "token_ids": [int, …], "temperature": float,
+     "top_k": int|null, "top_p": float|null, "min_p": float|null,
+     "text"?: str, "prompt_ids"?: [int, …], "engine"?: str, "speculative"?: bool,
+     "finish_reason"?: str, "seed"?: int, "raw"?: any}
+
+The sampling settings are those the engine was *asked* to use; the audit tests whether the
+generations follow the target's law under them. ``top_k`` of 0 or −1, ``top_p`` of 1 and
+``min_p`` of 0 mean "off", as in vLLM and llama.cpp. ``prompt_ids`` are the ids the engine
+conditioned on (when it returns them); without them the prompt is tokenised here. A file is
+untrusted input: its size, its line count and every field are bounded, and a bad line is a one-line
+error that names it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from diagnostics.policy import Policy, PolicyError
+
+MAX_FILE_BYTES = 256 * 1024 * 1024
+MAX_SAMPLES = 1_000_000
+MAX_TOKENS = 32_768  # per generation, and per prompt's ids
+MAX_PROMPT_CHARS = 200_000
+MAX_ID = 2**31 - 1
+
+
+class SamplesError(ValueError):
+    """A samples file that cannot be audited; the message says where and what to fix."""
+
+
+@dataclass
+class Sample:
+    """One generation: what was asked (prompt, sampling settings) and the ids that came back."""
+
+    prompt: str
+    token_ids: list[int]
+    temperature: float
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    text: str | None = None
+    prompt_ids: list[int] | None = None
+    engine: str | None = None
+    speculative: bool | None = None
+    finish_reason: str | None = None
+    seed: int | None = None
+    raw: Any = field(default=None, repr=False)
+
+    @property
+    def policy(self) -> Policy:
+        """The declared sampling law's settings (temperature, then top-k, top-p, min-p)."""
+        return Policy(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p)
+
+    @property
+    def settings_key(self) -> tuple:
+        return (self.temperature, self.top_k, self.top_p, self.min_p)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {key: value for key, value in asdict(self).items() if value is not None}
+
+
+def _ids(value: Any, name: str, where: str, allow_empty: bool) -> list[int]:
+    if not isinstance(value, list) or len(value) > MAX_TOKENS:
+        raise SamplesError(f"{where}: {name!r} must be a list of at most {MAX_TOKENS} token ids")
+    if not value and not allow_empty:
+        raise SamplesError(f"{where}: {name!r} is empty")
+    if not all(isinstance(item, int) and not isinstance(item, bool) and 0 <= item <= MAX_ID for item in value):
+        raise SamplesError(f"{where}: {name!r} must hold whole numbers >= 0 (token ids)")
+    return list(value)
+
+
+def _number(value: Any, name: str, where: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise SamplesError(f"{where}: {name!r} must be a finite number or null")
+    return float(value)
+
+
+def _text(value: Any, name: str, where: str, limit: int = MAX_PROMPT_CHARS) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > limit:
+        raise SamplesError(f"{where}: {name!r} must be a string of at most {limit} characters")
+    return value
+
+
+def parse_sample(obj: Any, where: str) -> Sample:
+    """One line's object as a ``Sample``; ``SamplesError`` (naming ``where``) when it cannot be."""
+    if not isinstance(obj, dict):
+        raise SamplesError(f"{where}: expected a JSON object with \"prompt\", \"token_ids\" and \"temperature\"")
+    for required in ("prompt", "token_ids", "temperature"):
+        if required not in obj:
+            raise SamplesError(f"{where}: lacks {required!r} (each line needs prompt, token_ids, temperature)")
+    prompt = _text(obj["prompt"], "prompt", where)
+    temperature = _number(obj["temperature"], "temperature", where)
+    if temperature is None:
+        raise SamplesError(f"{where}: 'temperature' must be a number (0 for greedy)")
+    top_k = obj.get("top_k")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)):
+        raise SamplesError(f"{where}: 'top_k' must be a whole number or null")
+    top_k = None if top_k is None or top_k <= 0 else top_k  # 0 and -1 mean "off" (vLLM, llama.cpp)
+    top_p = _number(obj.get("top_p"), "top_p", where)
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise SamplesError(f"{where}: 'top_p' must lie in (0, 1] (1 or null: off), got {top_p}")
+    top_p = None if top_p == 1.0 else top_p
+    min_p = _number(obj.get("min_p"), "min_p", where)
+    if min_p is not None and not 0.0 <= min_p < 1.0:
+        raise SamplesError(f"{where}: 'min_p' must lie in [0, 1) (0 or null: off), got {min_p}")
+    min_p = None if min_p == 0.0 else min_p
+    speculative = obj.get("speculative")
+    if speculative is not None and not isinstance(speculative, bool):
+        raise SamplesError(f"{where}: 'speculative' must be true, false or null")
+    seed = obj.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise SamplesError(f"{where}: 'seed' must be a whole number or null")
+    sample = Sample(
+        prompt=prompt or "", token_ids=_ids(obj["token_ids"], "token_ids", where, allow_empty=True), temperature=temperature,
+        top_k=top_k, top_p=top_p, min_p=min_p, text=_text(obj.get("text"), "text", where),
+        prompt_ids=None if obj.get("prompt_ids") is None else _ids(obj["prompt_ids"], "prompt_ids", where, allow_empty=False),
+        engine=_text(obj.get("engine"), "engine", where, limit=200), speculative=speculative,
+        finish_reason=_text(obj.get("finish_reason"), "finish_reason", where, limit=50), seed=seed, raw=obj.get("raw"),
+    )
+    if not sample.prompt and sample.prompt_ids is None:
+        raise SamplesError(f"{where}: the prompt is empty and there are no prompt_ids")
+    try:
+        sample.policy  # noqa: B018 - validates the declared settings
+    except PolicyError as error:
+        raise SamplesError(f"{where}: {error}") from None
+    return sample
+
+
+def load_samples(path: str | os.PathLike) -> list[Sample]:
+    """Every line of a JSONL samples file (blank lines skipped), checked; one-line errors."""
+    path = Path(path)
+    if not path.is_file():
+        raise SamplesError(f"no samples file at {path}: give a JSONL file with one generation per line")
+    size = path.stat().st_size
+    if size > MAX_FILE_BYTES:
+        raise SamplesError(f"{path} is {size / 2**20:.0f} MiB; the limit is {MAX_FILE_BYTES // 2**20} MiB: split it")
+    samples = []
+    with path.open("rb") as handle:
+        for number, line in enumerate(handle, start=1):
+            where = f"{path.name} line {number}"
+            if not line.strip():
+                continue
+            if len(samples) >= MAX_SAMPLES:
+                raise SamplesError(f"{path} has more than {MAX_SAMPLES:,} generations: split it")
+            try:
+                obj = json.loads(line.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as error:
+                raise SamplesError(f"{where} is not a JSON object ({error.__class__.__name__}): one generation per line") from None
+            samples.append(parse_sample(obj, where))
+    if not samples:
+        raise SamplesError(f"{path} has no generations: one JSON object per line")
+    return samples
+
+
+def write_samples(path: str | os.PathLike, samples: list[Sample]) -> Path:
+    """Write ``samples`` as JSONL (the format ``load_samples`` reads)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as handle:
+        for sample in samples:
+            handle.write(json.dumps(sample.as_dict(), ensure_ascii=False) + "\n")
+    return path
