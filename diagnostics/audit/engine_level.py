@@ -98,10 +98,19 @@ def randomized_pit(law: torch.Tensor, token: int, generator: torch.Generator) ->
     one sends too-unlikely tokens (a wrong residual, dropped truncation, a stale cache) toward 1
     and too-likely ones (a sharpened law) toward 0, where the χ² bins see them.
     """
-    order = torch.argsort(-law, stable=True)
-    rank = int((order == token).nonzero())
-    below = float(law[order[:rank]].sum())
-    return min(1.0, below + float(torch.rand((), generator=generator, dtype=torch.float64)) * float(law[token]))
+    return randomized_pits(law.reshape(1, -1), [token], generator)[0]
+
+
+def randomized_pits(laws: torch.Tensor, tokens: list[int], generator: torch.Generator) -> list[float]:
+    """``randomized_pit`` of each row of ``laws[T, V]`` at its token, with one draw of ``V`` per row
+    in order: the mass ordered before ``y`` is that of ``{v : p(v) > p(y)} ∪ {v < y : p(v) = p(y)}``,
+    one comparison per entry (O(V), not a sort)."""
+    ids = torch.tensor(tokens, dtype=torch.long)
+    p_token = laws.gather(1, ids.reshape(-1, 1))
+    ahead = (laws > p_token) | ((laws == p_token) & (torch.arange(laws.shape[1]).reshape(1, -1) < ids.reshape(-1, 1)))
+    below = (laws * ahead).sum(dim=1)
+    return [min(1.0, float(before) + float(torch.rand((), generator=generator, dtype=torch.float64)) * float(mass))
+            for before, mass in zip(below, p_token.reshape(-1))]
 
 
 def _uniformity(values: list[float], bins: int):
@@ -193,11 +202,22 @@ def _add_pits(sample: PitSample, target, prompt_ids: list[int], seed: int, token
         return
     auxiliary = torch.Generator().manual_seed((AUXILIARY_SEED + int(seed)) % 2**63)
     laws = teacher_forced_laws(target, prompt_ids, tokens, policy)  # the last row (after every token) is unused
-    for position, (law, token) in enumerate(zip(laws, tokens)):
-        if not 0 <= token < law.numel() or law[token] <= 0:
-            sample.impossible += 1
-            continue
-        sample.by_position.setdefault(position, []).append(randomized_pit(law, token, auxiliary))
+    values, impossible = pits_of(laws, tokens, auxiliary)
+    sample.impossible += impossible
+    for position, value in values.items():
+        sample.by_position.setdefault(position, []).append(value)
+
+
+def pits_of(laws: torch.Tensor, tokens: list[int], generator: torch.Generator) -> tuple[dict[int, float], int]:
+    """The randomized PIT of each possible token (``p_t(y_t) > 0``) by output position, and the
+    number of impossible ones (outside the vocabulary or of probability 0: no draw is made for them)."""
+    rows = laws[: len(tokens)]
+    possible = [position for position, token in enumerate(tokens)
+                if 0 <= token < rows.shape[1] and float(rows[position, token]) > 0]
+    if not possible:
+        return {}, len(tokens)
+    values = randomized_pits(rows[possible], [tokens[position] for position in possible], generator)
+    return dict(zip(possible, values)), len(tokens) - len(possible)
 
 
 def audit_generator(

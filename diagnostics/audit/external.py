@@ -43,10 +43,10 @@ from diagnostics.audit.engine_level import (
     PositionTest,
     _uniformity,
     engine_audit,
-    randomized_pit,
+    pits_of,
 )
 from diagnostics.audit.rule_level import DETECTION_POWER, holm
-from diagnostics.audit.samples import Sample, SamplesError
+from diagnostics.audit.samples import Sample, SamplesError, usable
 from diagnostics.engine.drafting import fit_vocabulary
 from diagnostics.gof import required_samples
 from diagnostics.policy import probabilities
@@ -218,6 +218,9 @@ def audit_samples(samples: list[Sample], target: Any, *, level: float = 0.01, de
     if not 0 < detect_tv < 1:
         raise SamplesError(f"the TV to detect must lie in (0, 1), got {detect_tv}")
     started = time.perf_counter()
+    samples, unknown = usable(samples)
+    if not samples:
+        raise SamplesError("no generation has known ids: every text tokenises to another count than the engine reported")
     stop = set(eos or ())
     cache: dict[str, list[int]] = {}
     sequences, policies, mismatched = [], [], set()
@@ -243,21 +246,25 @@ def audit_samples(samples: list[Sample], target: Any, *, level: float = 0.01, de
     per_prompt: dict[str, list[float]] = {}
     for index, ((prompt_ids, tokens), law) in enumerate(zip(sequences, laws)):
         auxiliary = torch.Generator().manual_seed((AUXILIARY_SEED + index) % 2**63)
-        values = []
-        for position, token in enumerate(tokens):
-            row = law[position]
-            if not 0 <= token < row.numel() or row[token] <= 0:
-                pit.impossible += 1
-                continue
-            value = randomized_pit(row, token, auxiliary)
-            values.append(value)
+        by_position, impossible = pits_of(law, tokens, auxiliary)
+        pit.impossible += impossible
+        values = list(by_position.values())
+        for position, value in by_position.items():
             pit.by_position.setdefault(position, []).append(value)
         per_generation.append(np.asarray(values, dtype=np.float64))
         per_prompt.setdefault(samples[index].prompt, []).extend(values)
     pit.time_s = time.perf_counter() - started
     core = engine_audit(pit, [], [], level=level, implementation="external")
-    return _verdict(core, samples, per_generation, per_prompt, level=level, detect_tv=detect_tv, source=source,
-                    design="one-sample: local target", mismatches=len(mismatched), started=started)
+    result = _verdict(core, samples, per_generation, per_prompt, level=level, detect_tv=detect_tv, source=source,
+                      design="one-sample: local target", mismatches=len(mismatched), started=started)
+    if unknown:
+        result.notes.append(unknown_note(unknown))
+    return result
+
+
+def unknown_note(count: int) -> str:
+    return (f"{count} generations left out: their text tokenises to another count than the engine reported "
+            "(a non-canonical split was sampled, so its ids are unknown)")
 
 
 def _verdict(core: EngineAudit, samples: list[Sample], per_generation: list[np.ndarray], per_prompt: dict[str, list[float]], *,

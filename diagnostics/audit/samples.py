@@ -53,7 +53,16 @@ class Sample:
     speculative: bool | None = None
     finish_reason: str | None = None
     seed: int | None = None
+    completion_tokens: int | None = None  # what the engine said it generated (``usage.completion_tokens``)
+    ids_source: str | None = None  # "engine" (ids it returned) or "retokenized" (its text, tokenised)
     raw: Any = field(default=None, repr=False)
+
+    @property
+    def ids_unknown(self) -> bool:
+        """Retokenised text whose ids do not number what the engine generated: a non-canonical
+        split was sampled, and which ids it had is unknown."""
+        return (self.ids_source == "retokenized" and self.completion_tokens is not None
+                and self.completion_tokens != len(self.token_ids))
 
     @property
     def policy(self) -> Policy:
@@ -94,6 +103,20 @@ def _text(value: Any, name: str, where: str, limit: int = MAX_PROMPT_CHARS) -> s
     return value
 
 
+def _count(value: Any, where: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_ID:
+        raise SamplesError(f"{where}: 'completion_tokens' must be a whole number >= 0 or null")
+    return value
+
+
+def usable(samples: list[Sample]) -> tuple[list[Sample], int]:
+    """The samples whose ids are known, and how many were left out (``Sample.ids_unknown``)."""
+    kept = [sample for sample in samples if not sample.ids_unknown]
+    return kept, len(samples) - len(kept)
+
+
 def parse_sample(obj: Any, where: str) -> Sample:
     """One line's object as a ``Sample``; ``SamplesError`` (naming ``where``) when it cannot be."""
     if not isinstance(obj, dict):
@@ -129,6 +152,8 @@ def parse_sample(obj: Any, where: str) -> Sample:
         prompt_ids=None if obj.get("prompt_ids") is None else _ids(obj["prompt_ids"], "prompt_ids", where, allow_empty=False),
         engine=_text(obj.get("engine"), "engine", where, limit=200), speculative=speculative,
         finish_reason=_text(obj.get("finish_reason"), "finish_reason", where, limit=50), seed=seed, raw=obj.get("raw"),
+        completion_tokens=_count(obj.get("completion_tokens"), where),
+        ids_source=_text(obj.get("ids_source"), "ids_source", where, limit=20),
     )
     if not sample.prompt and sample.prompt_ids is None:
         raise SamplesError(f"{where}: the prompt is empty and there are no prompt_ids")

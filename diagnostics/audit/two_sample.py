@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from scipy import stats
 
 from diagnostics.audit.engine_level import PositionTest
-from diagnostics.audit.external import DEFAULT_DETECT_TV, ExternalAudit
+from diagnostics.audit.external import DEFAULT_DETECT_TV, ExternalAudit, unknown_note
 from diagnostics.audit.rule_level import DETECTION_POWER, holm
-from diagnostics.audit.samples import Sample, SamplesError
+from diagnostics.audit.samples import Sample, SamplesError, usable
 from diagnostics.gof import detectable_tv, power
 
 MIN_CONTEXT = 20  # generations of both sides together reaching a context before it is tested
@@ -102,6 +102,8 @@ def two_sample_audit(speculative: list[Sample], baseline: list[Sample], *, level
     if not 0 < level < 1 or not 0 < detect_tv < 1:
         raise SamplesError(f"the level and the TV to detect must lie in (0, 1), got {level} and {detect_tv}")
     started = time.perf_counter()
+    speculative, unknown_a = usable(speculative)
+    baseline, unknown_b = usable(baseline)
     groups_a: dict[tuple, list[Sample]] = defaultdict(list)
     groups_b: dict[tuple, list[Sample]] = defaultdict(list)
     for sample in speculative:
@@ -112,6 +114,11 @@ def two_sample_audit(speculative: list[Sample], baseline: list[Sample], *, level
     if not shared:
         raise SamplesError("no prompt with the same declared settings is in both files: the baseline must run the same "
                            "prompts with the same temperature, top-k, top-p and min-p")
+    coupled = sum(len({sample.seed for sample in groups_a[key] if sample.seed is not None}
+                      & {sample.seed for sample in groups_b[key] if sample.seed is not None}) for key in shared)
+    if coupled:
+        raise SamplesError(f"{coupled} generations share a prompt and a seed with the baseline: with the same seed a "
+                           "lossless engine may return the same text on both sides; collect the baseline with other seeds")
     tests: list[ContextTest] = []
     for key in shared:
         # The token limit both sides were held to: the longest generation seen on either side.
@@ -141,6 +148,8 @@ def two_sample_audit(speculative: list[Sample], baseline: list[Sample], *, level
     if verdict == "inconclusive":
         notes.append(f"about {needed:,} comparable tokens (n_a·n_b/(n_a+n_b) summed over contexts) would detect TV {detect_tv:g}; "
                      f"this sample has {int(weight):,}")
+    if unknown_a or unknown_b:
+        notes.append(unknown_note(unknown_a) + f" with speculation, {unknown_b} without")
     engines = sorted({sample.engine for sample in speculative if sample.engine})
     return ExternalAudit(
         source=source, design="two-sample: speculation off", verdict=verdict, generations=used_a, tokens=int(weight),

@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 import os
+from pathlib import Path
 
 
 def command_audit(args: argparse.Namespace) -> int:
@@ -14,8 +15,14 @@ def command_audit(args: argparse.Namespace) -> int:
     from diagnostics.audit.suite import AuditError
 
     samples_file = _samples_file(args)
-    if sum(bool(value) for value in (args.run, args.engine, args.all, samples_file)) > 1:
-        raise AuditError("choose one of --run, --engine, --all and --samples FILE")
+    if sum(bool(value) for value in (args.run, args.engine, args.all, samples_file, args.endpoint)) > 1:
+        raise AuditError("choose one of --run, --engine, --all, --samples FILE and --endpoint URL")
+    if args.baseline_endpoint and not args.endpoint:
+        raise AuditError("--baseline-endpoint compares with --endpoint URL: give both")
+    if args.endpoint:
+        samples_file = _collect(args)
+        if samples_file is None:
+            return 0
     if args.baseline_samples and not samples_file:
         raise AuditError("--baseline-samples compares with --samples FILE: give both")
     if args.write_samples and not args.engine:
@@ -59,6 +66,60 @@ def _samples_file(args: argparse.Namespace) -> str | None:
     if args.samples is None or args.samples.strip().lstrip("-").isdigit():
         return None
     return args.samples
+
+
+def _collect(args: argparse.Namespace) -> str | None:
+    """``--endpoint``: collect ``--n`` generations per prompt into ``--out`` (and the baseline's into
+    ``OUT.baseline.jsonl``), then audit them like a file; ``None`` when there is nothing to audit against."""
+    import time as clock
+
+    from diagnostics.audit.collect import EndpointError, Sampling, collect
+    from diagnostics.evaluation.prompts import load_prompts
+
+    if not args.model or not args.prompts:
+        raise EndpointError("--endpoint needs --model NAME (as the server knows it) and --prompts FILE (JSONL with \"prompt\")")
+    if args.target is None and not args.baseline_endpoint:
+        raise EndpointError("give --target ID (a local copy of the served model) or --baseline-endpoint URL (speculation off) "
+                            "to audit against")
+    prompts = [item.prompt for item in load_prompts(args.prompts)]
+    sampling = Sampling(max_tokens=args.max_tokens, temperature=1.0 if args.temperature is None else args.temperature,
+                        top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
+    out = Path(args.out or f"data/samples-{clock.strftime('%Y%m%d-%H%M%S')}.jsonl")
+    for path in (out, _baseline_path(out)):
+        if path.exists():
+            raise EndpointError(f"{path} exists: give another --out (collected generations are never overwritten)")
+    tokenize, eos_id = _local_tokenizer(args)
+    api_key = os.environ.get("OPENAI_API_KEY")
+    collect(args.endpoint, args.model, prompts, out, n=args.n, sampling=sampling, first_seed=args.seed, speculative=True,
+            tokenize=tokenize, eos_id=eos_id, rate=args.rate, api_key=api_key, progress=_progress("collecting"))
+    print(f"collected {len(prompts) * args.n} generations into {out}", file=sys.stderr)
+    if args.baseline_endpoint:
+        baseline = _baseline_path(out)
+        # Seeds after the speculative side's: with the same seeds a lossless engine may return the same
+        # texts on both sides (a coupling), and the two-sample test needs two independent samples.
+        collect(args.baseline_endpoint, args.model, prompts, baseline, n=args.n, sampling=sampling,
+                first_seed=args.seed + len(prompts) * args.n,
+                speculative=False, tokenize=tokenize, eos_id=eos_id, rate=args.rate, api_key=api_key,
+                progress=_progress("collecting the baseline"))
+        args.baseline_samples = str(baseline)
+        print(f"collected the baseline into {baseline}", file=sys.stderr)
+    return str(out)
+
+
+def _baseline_path(out: Path) -> Path:
+    return out.with_name(out.name.removesuffix(".jsonl") + ".baseline.jsonl")
+
+
+def _local_tokenizer(args: argparse.Namespace):
+    """With --target: its tokenizer and EOS id here (else the server's tokenizer, and no EOS id)."""
+    if args.target is None:
+        return None, None
+    from diagnostics.models import load_model
+
+    tokenizer = load_model(args.target, trust_remote_code=False).tokenizer
+    if tokenizer is None:
+        return None, None
+    return (lambda text: list(tokenizer(text)["input_ids"])), tokenizer.eos_token_id
 
 
 def _rule_draws(args: argparse.Namespace) -> int:
@@ -295,6 +356,20 @@ def add_parser(commands: Any) -> None:
                             "teacher forcing, or against --baseline-samples (a whole number here is --draws, as before)")
     audit.add_argument("--baseline-samples", default=None, metavar="FILE.jsonl",
                        help="with --samples: the same engine's generations with speculation off (two-sample test; no weights needed)")
+    audit.add_argument("--endpoint", default=None, metavar="URL",
+                       help="collect generations from an OpenAI-compatible server (vLLM, SGLang, llama.cpp, TGI) with speculation on, "
+                            "then audit them (with --target, or --baseline-endpoint)")
+    audit.add_argument("--baseline-endpoint", default=None, metavar="URL",
+                       help="with --endpoint: the same model served with speculation off (two-sample test)")
+    audit.add_argument("--model", default=None, help="with --endpoint: the model name the server knows")
+    audit.add_argument("--prompts", default=None, metavar="FILE",
+                       help="with --endpoint: JSONL prompts (\"prompt\" per line), sent as raw completions; or 'general'")
+    audit.add_argument("--n", type=int, default=100, help="with --endpoint: generations per prompt")
+    audit.add_argument("--max-tokens", type=int, default=32, help="with --endpoint: tokens per generation")
+    audit.add_argument("--min-p", type=float, default=None, help="with --endpoint: min-p (off when not given)")
+    audit.add_argument("--rate", type=float, default=20.0, help="with --endpoint: at most this many requests per second")
+    audit.add_argument("--out", default=None, metavar="FILE.jsonl",
+                       help="with --endpoint: where the generations go, raw responses kept (default data/samples-TIME.jsonl)")
     audit.add_argument("--detect-tv", type=float, default=0.05,
                        help="with --samples: the distortion (TV) to rule out; a clean sample too small to detect it is "
                             "'inconclusive', not 'pass'")
