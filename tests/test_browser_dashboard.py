@@ -64,7 +64,7 @@ def setup(tmp_path_factory) -> Iterator[dict]:
     short_id = _long_run(store, positions=40)  # before the long run, which stays the newest (the Runs grid's first row)
     long_id = _long_run(store)
     with streamlit_server({"SPECLAB_DB": str(db), "SPECLAB_TARGET": tiny}) as url:
-        yield {"url": url, "db": db, "group": group_id, "lossy": results[1][0], "divergence": divergence[results[1][0]], "long": long_id,
+        yield {"url": url, "db": db, "tiny": tiny, "group": group_id, "lossy": results[1][0], "divergence": divergence[results[1][0]], "long": long_id,
                "short": short_id}
 
 
@@ -242,3 +242,42 @@ def test_audit_page_runs_an_engine_audit_and_shows_stored_evidence(setup, browse
     _shot(page, "audit")
     page.close()
     assert Store(setup["db"], read_only=True).list_audits()["layer"].tolist()[:2] == ["engine", "rule"]
+
+
+def test_audit_page_audits_an_uploaded_file_of_generations(setup, browser, tmp_path) -> None:
+    """External engine: upload a JSONL of generations (its prompt is hostile text), audit it against
+    the target here; the verdict, the PIT chart and the worst-prompts table show, all inert."""
+    from diagnostics.audit.samples import Sample, write_samples
+    from diagnostics.engine import generate_batch
+
+    target = load_model(setup["tiny"])
+    prompt_ids = list(target.tokenizer(SCRIPT_PROMPT)["input_ids"])
+    seeds = list(range(400))
+    runs = generate_batch(target, "ngram:2", [prompt_ids] * len(seeds), "lossless", seeds, max_new_tokens=10, record=False)
+    path = write_samples(tmp_path / "engine.jsonl", [
+        Sample(prompt=SCRIPT_PROMPT, prompt_ids=prompt_ids, token_ids=run.tokens, temperature=1.0, engine="<b>an engine</b>")
+        for run in runs])
+    page = browser.new_page(viewport={"width": 1400, "height": 1500})
+    page.goto(f"{setup['url']}/audit")
+    page.get_by_role("heading", name="Audit").first.wait_for(timeout=30_000)
+    page.get_by_text("New audit").click()
+    page.get_by_text("External engine").first.click()
+    chooser = page.locator('[data-testid="stFileUploader"] input[type="file"]').first
+    chooser.wait_for(state="attached", timeout=30_000)
+    chooser.set_input_files(str(path))
+    page.get_by_text(re.compile(r"400 generations, [\d,]+ tokens")).wait_for(timeout=60_000)
+    settled(page)
+    started = time.monotonic()
+    page.get_by_role("button", name="Audit the generations").click()
+    verdict = page.get_by_text(re.compile(r"(PASS|FAIL|INCONCLUSIVE) · external")).first
+    verdict.wait_for(timeout=120_000)
+    seconds = time.monotonic() - started
+    assert "FAIL" not in verdict.inner_text(), verdict.inner_text()
+    page.locator(".js-plotly-plot").first.wait_for(timeout=30_000)
+    page.get_by_text("Worst prompts").wait_for(timeout=30_000)
+    assert page.evaluate("window.__pwned") is None
+    _shot(page, "audit_external")
+    (ARTIFACTS / "audit_external_seconds.txt").write_text(f"{seconds:.1f}\n")
+    page.close()
+    stored = Store(setup["db"], read_only=True).list_audits()
+    assert stored["layer"].tolist()[0] == "external"

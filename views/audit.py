@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import tempfile
+import time
 from pathlib import Path
 
 import streamlit as st
 
 from diagnostics.audit import audit_recorded_run
+from diagnostics.audit.collect import Sampling, collect
 from diagnostics.audit.external import DEFAULT_DETECT_TV, audit_samples
 from diagnostics.audit.reporting import json_safe, pair_rows, summary_line, worst_position_rows, worst_prompt_rows
 from diagnostics.audit.samples import MAX_FILE_BYTES, SamplesError, load_samples
@@ -111,35 +113,88 @@ def _uploaded_samples(label: str, key: str):
         return load_samples(path)
 
 
+def _endpoint_fields() -> dict | None:
+    """The endpoint to collect from and what to ask it, or ``None`` until it is filled in."""
+    left, right = st.columns(2)
+    url = left.text_input("Endpoint (OpenAI-compatible)", "http://127.0.0.1:8000", key="audit_ext_url",
+                          help="vLLM, SGLang, llama.cpp, TGI…: the server with speculation on; /v1/completions is called")
+    model = right.text_input("Model name (as the server knows it)", "", key="audit_ext_model")
+    prompts = st.text_area("Prompts (one per line, sent as raw completions)", "The capital of France is", key="audit_ext_prompts")
+    cols = st.columns(4)
+    n = cols[0].number_input("Generations per prompt", 1, 10_000, 100, key="audit_ext_n")
+    max_tokens = cols[1].number_input("Tokens per generation", 1, 1024, 16, key="audit_ext_tokens")
+    temperature = cols[2].number_input("Temperature", 0.0, 5.0, 1.0, 0.05, key="audit_ext_temperature")
+    top_k = cols[3].number_input("top-k (0: off)", 0, 1_000_000, 0, key="audit_ext_top_k")
+    lines = [line for line in prompts.splitlines() if line.strip()]
+    if not model.strip() or not lines:
+        st.caption("Give the model name and at least one prompt.")
+        return None
+    return {"url": url.strip(), "model": model.strip(), "prompts": lines,
+            "sampling": Sampling(max_tokens=int(max_tokens), temperature=float(temperature), top_k=int(top_k) or None),
+            "n": int(n)}
+
+
+def _collect_on_page(fields: dict, url: str, out: Path, first_seed: int, speculative: bool, tokenize, eos_id) -> list:
+    """Collect from ``url`` into ``out`` with a progress bar (Stop keeps what came); its samples."""
+    bar = st.progress(0.0, text=md("collecting from {url}", url=url))
+    collect(url, fields["model"], fields["prompts"], out, n=fields["n"], sampling=fields["sampling"], first_seed=first_seed,
+            speculative=speculative, tokenize=tokenize, eos_id=eos_id,
+            progress=lambda done, total: bar.progress(done / total, text=f"{int(done)} / {int(total)} generations"))  # literal-ok: counts
+    bar.empty()
+    return load_samples(out)
+
+
 def external_form() -> None:
-    """Audit an engine from its outputs: a samples file against the local target or a baseline file."""
-    samples = _uploaded_samples("Generations (JSONL, speculation on)", "audit_ext_file")
+    """Audit an engine from its outputs: a samples file (uploaded) or generations collected from an
+    endpoint here, against the local target or the same engine with speculation off."""
+    source = st.radio("Generations", ["file", "endpoint"], horizontal=True, key="audit_ext_source",
+                      format_func={"file": "an uploaded JSONL file", "endpoint": "collected now from an endpoint"}.get)
+    fields = _endpoint_fields() if source == "endpoint" else None
+    samples = _uploaded_samples("Generations (JSONL, speculation on)", "audit_ext_file") if source == "file" else None
     oracle = st.radio("Test against", ["target", "baseline"], horizontal=True, key="audit_ext_oracle",
                       format_func={"target": "the target's law here (teacher forcing)",
                                    "baseline": "the same engine with speculation off (two-sample; no weights needed)"}.get)
     left, right = st.columns(2)
     detect = left.number_input("TV to rule out", 0.005, 0.5, DEFAULT_DETECT_TV, 0.005, format="%.3f", key="audit_ext_tv",
                                help="A clean sample too small to detect this distortion is 'inconclusive', not 'pass'.")
+    baseline, baseline_url, target_name = None, None, None
     if oracle == "target":
         target_name = right.text_input("Target (the model the engine served)", default_target(), key="audit_ext_target")
-        baseline = None
-    else:
+    elif source == "file":
         baseline = _uploaded_samples("Baseline generations (JSONL, speculation off)", "audit_ext_baseline")
-    ready = samples is not None and (oracle == "target" or baseline is not None)
-    if samples is not None:
-        st.caption(f"{len(samples)} generations, {sum(len(sample.token_ids) for sample in samples):,} tokens"  # literal-ok: counts
-                   + ("" if baseline is None else f"; baseline {len(baseline)} generations"))  # literal-ok: counts
-    if st.button("Audit the generations", type="primary", key="audit_ext_go", disabled=not ready):
-        if baseline is not None:
-            _save(two_sample_audit(samples, baseline, detect_tv=float(detect), source="uploaded file").as_dict())
-            return
-        target = cached_model(target_name.strip() or "default")
-        st.button("Stop", key="audit_ext_stop", help="Stops the audit (nothing is stored)")
+    else:
+        baseline_url = right.text_input("Baseline endpoint (speculation off)", "http://127.0.0.1:8001", key="audit_ext_baseline_url")
+    if source == "file":
+        ready = samples is not None and (oracle == "target" or baseline is not None)
+        if samples is not None:
+            st.caption(f"{len(samples)} generations, {sum(len(sample.token_ids) for sample in samples):,} tokens"  # literal-ok: counts
+                       + ("" if baseline is None else f"; baseline {len(baseline)} generations"))  # literal-ok: counts
+    else:
+        ready = fields is not None and (oracle == "target" or bool(baseline_url and baseline_url.strip()))
+    if not st.button("Audit the generations", type="primary", key="audit_ext_go", disabled=not ready):
+        return
+    stop = st.empty()  # cleared when the audit is done
+    stop.button("Stop", key="audit_ext_stop", help="Stops now; collected generations stay in their file, nothing is audited")
+    target = cached_model(target_name.strip() or "default") if oracle == "target" else None
+    if fields is not None:
+        out = Path("data") / f"samples-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
+        tokenize = (lambda text: list(target.tokenizer(text)["input_ids"])) if target is not None and target.tokenizer else None
+        eos_id = target.tokenizer.eos_token_id if target is not None and target.tokenizer else None
+        samples = _collect_on_page(fields, fields["url"], out, 0, True, tokenize, eos_id)
+        st.caption(md("collected into {path}", path=str(out)))
+        if baseline_url:
+            baseline = _collect_on_page(fields, baseline_url.strip(), out.with_name(out.stem + ".baseline.jsonl"),
+                                        len(fields["prompts"]) * fields["n"], False, tokenize, eos_id)
+    source_name = "uploaded file" if fields is None else str(out)
+    if baseline is not None:
+        result = two_sample_audit(samples, baseline, detect_tv=float(detect), source=source_name)
+    else:
         bar = st.progress(0.0, text="Teacher forcing…")
-        result = audit_samples(samples, target, detect_tv=float(detect), source="uploaded file", eos=eos_ids(target, None),
+        result = audit_samples(samples, target, detect_tv=float(detect), source=source_name, eos=eos_ids(target, None),
                                progress=lambda done, total: bar.progress(done / total, text=f"Teacher forcing {int(done)}/{int(total)}"))
         bar.empty()
-        _save(result.as_dict())
+    stop.empty()
+    _save(result.as_dict())
 
 
 with st.expander("New audit", expanded=store.list_audits().empty):
