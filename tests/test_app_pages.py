@@ -328,3 +328,18 @@ def test_inspect_a_tree_run_shows_the_candidates_and_the_round(tmp_path: Path, t
     caption = " ".join(caption.value for caption in at.caption)
     assert "lenience:0.5 tries" in caption and "refused" in caption and "every candidate refused" in caption
     assert "tree 3,2 (top children)" in caption and "expected tokens this round" in caption
+
+
+def test_a_measured_cost_ratio_beyond_the_box_does_not_crash_the_page(populated, tiny_folder: str, monkeypatch) -> None:
+    """Seen in CI: a timing on a busy machine gave c = 11.4 for a 1-layer early exit, above the
+    cost box's 10, and the Sweeps page crashed (StreamlitValueAboveMaxError). It starts at 10 now."""
+    import views.common as common
+
+    target = load_model(tiny_folder)
+    run_id, _ = record_run(populated["store"], target, "early-exit:1",
+                           RunRequest(prompt="w1 w2 w3", draft="early-exit:1", gamma=2, max_new_tokens=6, seed=0, raw=True))
+    monkeypatch.setattr(common, "measured_cost_ratio", lambda *args: 11.435)
+    at = _open(query={"run": run_id})
+    boxes = [box for box in at.number_input if box.label == "draft/target cost c"]
+    assert len(boxes) == 1 and boxes[0].value == 10.0
+    assert "11.4 shown as 10" in boxes[0].help
