@@ -35,7 +35,7 @@ from diagnostics.audit.engine_level import PositionTest
 from diagnostics.audit.external import DEFAULT_DETECT_TV, ExternalAudit, unknown_note
 from diagnostics.audit.rule_level import DETECTION_POWER, holm
 from diagnostics.audit.samples import Sample, SamplesError, usable
-from diagnostics.gof import detectable_tv, power
+from diagnostics.gof import detectable_tv, required_samples
 
 MIN_CONTEXT = 20  # generations of both sides together reaching a context before it is tested
 MIN_EXPECTED = 5.0  # a symbol seen fewer times (both sides) joins the pooled cell
@@ -140,7 +140,7 @@ def two_sample_audit(speculative: list[Sample], baseline: list[Sample], *, level
     detectable = detectable_tv(max(1, int(weight)), max(1, dof), level / 2, DETECTION_POWER) if tests else 1.0
     failed = p_value < level / 2 or (worst is not None and worst.adjusted_p < level / 2)
     verdict = "fail" if failed else ("inconclusive" if detectable > detect_tv else "pass")
-    needed = _needed_weight(detect_tv, dof, level) if verdict == "inconclusive" else 0
+    needed = required_samples(detect_tv, max(1, dof), level / 2, DETECTION_POWER) if verdict == "inconclusive" else 0
     used_a = sum(len(groups_a[key]) for key in shared)
     used_b = sum(len(groups_b[key]) for key in shared)
     notes = [f"two-sample: {used_a} generations with speculation against {used_b} without, {len(shared)} prompts, "
@@ -159,17 +159,6 @@ def two_sample_audit(speculative: list[Sample], baseline: list[Sample], *, level
         time_s=time.perf_counter() - started, notes=notes,
         settings={"baseline_generations": used_b, "contexts": len(tests), "dof": dof},
     )
-
-
-def _needed_weight(tv: float, dof: int, level: float) -> int:
-    """The comparable tokens that detect ``tv`` at ``DETECTION_POWER`` (same dof: a rough guide)."""
-    low, high = 1, 16
-    while power(high, tv, max(1, dof), level / 2) < DETECTION_POWER and high < 10**9:
-        low, high = high, high * 2
-    while high - low > 1:
-        middle = (low + high) // 2
-        low, high = (low, middle) if power(middle, tv, max(1, dof), level / 2) >= DETECTION_POWER else (middle, high)
-    return high
 
 
 __all__ = ["MIN_CONTEXT", "two_sample_audit"]
