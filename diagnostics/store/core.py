@@ -57,7 +57,7 @@ from diagnostics.store.validation import content_problem
 DEFAULT_DB = Path(__file__).resolve().parents[2] / "data" / "runs.duckdb"
 LOCK_WAIT_S = 20.0
 # Phrases of DuckDB (and OS) errors, lower case, by what they mean to the user.
-_BUSY = ("lock", "different configuration")
+_BUSY = ("lock", "different configuration", "unique file handle conflict")  # the last: two threads of one process connecting at once
 _DISK_FULL = ("no space left", "file too large", "disk quota")
 _DAMAGED = ("not a valid duckdb", "corrupt", "could not read enough bytes", "checksum", "invalid block",
             "serialization error", "failed to read")
