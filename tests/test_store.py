@@ -442,34 +442,6 @@ def test_a_schema_4_file_gains_the_draft_stop_column(tmp_path) -> None:
     assert migrated.schema_version() == SCHEMA_VERSION and migrated.get_run(run_id)["draft_stop"] is None
 
 
-def test_threads_of_one_process_writing_and_reading_at_once_take_turns(tmp_path: Path) -> None:
-    """A dashboard page's new script thread opens the store while the stopped one is still writing
-    (seen in CI: "Unique file handle conflict" from two connects at once): the store waits its
-    turn instead of failing the page. Two writing threads and a reading one, 150 connections each."""
-    import threading
-
-    store = Store(tmp_path / "runs.duckdb")
-    errors: list[str] = []
-
-    def work(index: int) -> None:
-        mine = Store(store.path, read_only=index == 2)
-        for _ in range(150):
-            try:
-                if index == 2:
-                    mine.list_runs()
-                else:
-                    mine.add_audit({"layer": "engine", "implementation": f"thread {index}", "verdict": "pass"}, "a line")
-            except StoreError as error:
-                errors.append(str(error))
-
-    threads = [threading.Thread(target=work, args=(index,)) for index in range(3)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert errors == [], errors[:3]
-
-
 def test_a_file_handle_conflict_between_threads_is_waited_out(tmp_path: Path, monkeypatch) -> None:
     """DuckDB refuses a connect made while another thread of the process is connecting to the same
     file ("Unique file handle conflict"; 4 in 600 connects from three threads here, and once in CI,
