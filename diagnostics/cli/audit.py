@@ -158,15 +158,30 @@ def _audit_samples(args: argparse.Namespace, path: str) -> dict:
 def _write_engine_samples(args: argparse.Namespace, implementation: str) -> None:
     """``--engine NAME --write-samples FILE``: the generations an engine audit would make, as a
     samples file (the format ``--samples`` reads), to audit like any other engine's."""
-    from diagnostics.audit.suite import MODEL_BUDGET, TINY, TINY_BUDGET, engine_samples, plan_engine_audit
+    from diagnostics.audit.suite import engine_samples
 
     setup = _setup(args)
-    default_generations, default_tokens = TINY_BUDGET if _target(args) == TINY else MODEL_BUDGET
-    plan = plan_engine_audit(implementation, setup, generations=default_generations if args.generations is None else args.generations,
-                             max_new_tokens=default_tokens if args.max_new_tokens is None else args.max_new_tokens,
-                             gamma=args.gamma, policy=_policy(args), level=args.level, first_seed=args.seed, tree=_audit_tree(args))
+    plan = _engine_plan(args, implementation, setup)
     count = engine_samples(plan, setup, args.write_samples)
     print(f"wrote {count} generations of {plan.name} to {args.write_samples}", file=sys.stderr)
+
+
+def _budget(args: argparse.Namespace) -> tuple[int, int]:
+    """Generations and tokens per generation of an engine audit: as given, else the target's defaults."""
+    from diagnostics.audit.suite import MODEL_BUDGET, TINY, TINY_BUDGET
+
+    default_generations, default_tokens = TINY_BUDGET if _target(args) == TINY else MODEL_BUDGET
+    return (default_generations if args.generations is None else args.generations,
+            default_tokens if args.max_new_tokens is None else args.max_new_tokens)
+
+
+def _engine_plan(args: argparse.Namespace, implementation: str, setup):
+    """The named generator with the command's budget, policy, seeds and tree (``suite.plan_engine_audit``)."""
+    from diagnostics.audit.suite import plan_engine_audit
+
+    generations, max_new_tokens = _budget(args)
+    return plan_engine_audit(implementation, setup, generations=generations, max_new_tokens=max_new_tokens, gamma=args.gamma,
+                             policy=_policy(args), level=args.level, first_seed=args.seed, tree=_audit_tree(args))
 
 
 def _target(args: argparse.Namespace) -> str:
@@ -202,11 +217,9 @@ def _progress(label: str):
 
 
 def _audit_engine(args: argparse.Namespace, implementation: str, setup=None) -> dict:
-    from diagnostics.audit.suite import MODEL_BUDGET, TINY, TINY_BUDGET, check_budget, run_engine_audit
+    from diagnostics.audit.suite import check_budget, run_engine_audit
 
-    default_generations, default_tokens = TINY_BUDGET if _target(args) == TINY else MODEL_BUDGET
-    generations = default_generations if args.generations is None else args.generations
-    max_new_tokens = default_tokens if args.max_new_tokens is None else args.max_new_tokens
+    generations, max_new_tokens = _budget(args)
     check_budget(generations, max_new_tokens, args.gamma)  # before loading any model
     tree = _audit_tree(args)
     result = run_engine_audit(
@@ -290,14 +303,10 @@ def _audit_job(args: argparse.Namespace, job: tuple[str, str, int], real_pairs: 
     kind, name, part = job
     if kind == "rule":
         return _audit_rule(args, name, real_pairs)
-    from diagnostics.audit.suite import MODEL_BUDGET, TINY, TINY_BUDGET, engine_audit_part, plan_engine_audit
+    from diagnostics.audit.suite import engine_audit_part
 
-    default_generations, default_tokens = TINY_BUDGET if _target(args) == TINY else MODEL_BUDGET
     setup = _setup(args)
-    plan = plan_engine_audit(name, setup, generations=default_generations if args.generations is None else args.generations,
-                             max_new_tokens=default_tokens if args.max_new_tokens is None else args.max_new_tokens,
-                             gamma=args.gamma, policy=_policy(args), level=args.level, first_seed=args.seed,
-                             tree=_audit_tree(args))
+    plan = _engine_plan(args, name, setup)
     return {"sample": engine_audit_part(plan, setup, part, AUDIT_PARTS), "name": plan.name, "settings": plan.settings,
             "seeds": list(plan.seeds), "prompt_ids": list(setup.prompt_ids)}
 
