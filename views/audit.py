@@ -10,7 +10,7 @@ import streamlit as st
 
 from diagnostics.audit import audit_recorded_run
 from diagnostics.audit.collect import Sampling, collect
-from diagnostics.audit.external import DEFAULT_DETECT_TV, audit_samples
+from diagnostics.audit.external import DEFAULT_DETECT_TV, audit_samples, audit_scored_samples
 from diagnostics.audit.reporting import json_safe, pair_rows, summary_line, worst_position_rows, worst_prompt_rows
 from diagnostics.audit.samples import MAX_FILE_BYTES, SamplesError, load_samples
 from diagnostics.audit.two_sample import two_sample_audit
@@ -40,10 +40,11 @@ LAYERS = {
     "Engine level": "Many seeded generations; every token's randomized PIT under the target's law recomputed by teacher forcing.",
     "Recorded run": "Replay every stored decision from its uniforms; recompute p with plain forwards when the model is here.",
     "External engine": "Generations from any engine (vLLM, SGLang, llama.cpp, TGI…) in a JSONL file: their PIT under the target's "
-                       "law by teacher forcing here, or a two-sample test against the same engine with speculation off.",
+                       "law by teacher forcing here, under the server's own scores, or a two-sample test against the same "
+                       "engine with speculation off.",
 }
 SAMPLES_FORMAT = ('One JSON object per line: {"prompt": "...", "token_ids": [...], "temperature": 1.0, "top_k": null, '
-                  '"top_p": null, "min_p": null} (optional prompt_ids, text, engine, speculative). '
+                  '"top_p": null, "min_p": null} (optional prompt_ids, text, engine, speculative, and scores: log-probs per token from the server). '
                   "Write one with python -m diagnostics audit --engine ours --write-samples FILE.")
 
 st.title("Audit")
@@ -134,11 +135,14 @@ def _endpoint_fields() -> dict | None:
             "n": int(n)}
 
 
-def _collect_on_page(fields: dict, url: str, out: Path, first_seed: int, speculative: bool, tokenize, eos_id) -> list:
-    """Collect from ``url`` into ``out`` with a progress bar (Stop keeps what came); its samples."""
+def _collect_on_page(fields: dict, url: str, out: Path, first_seed: int, speculative: bool, tokenize, eos_id,
+                     scores: tuple[str, int] | None = None) -> list:
+    """Collect from ``url`` into ``out`` with a progress bar (Stop keeps what came), scored by the
+    server when ``scores`` = (API, log-probs per token); its samples."""
     bar = st.progress(0.0, text=md("collecting from {url}", url=url))
     collect(url, fields["model"], fields["prompts"], out, n=fields["n"], sampling=fields["sampling"], first_seed=first_seed,
-            speculative=speculative, tokenize=tokenize, eos_id=eos_id,
+            speculative=speculative, tokenize=tokenize, eos_id=eos_id, scores_api=None if scores is None else scores[0],
+            score_logprobs=20 if scores is None else scores[1],
             progress=lambda done, total: bar.progress(done / total, text=f"{int(done)} / {int(total)} generations"))  # literal-ok: counts
     bar.empty()
     return load_samples(out)
@@ -151,26 +155,34 @@ def external_form() -> None:
                       format_func={"file": "an uploaded JSONL file", "endpoint": "collected now from an endpoint"}.get)
     fields = _endpoint_fields() if source == "endpoint" else None
     samples = _uploaded_samples("Generations (JSONL, speculation on)", "audit_ext_file") if source == "file" else None
-    oracle = st.radio("Test against", ["target", "baseline"], horizontal=True, key="audit_ext_oracle",
+    oracle = st.radio("Test against", ["target", "baseline", "server"], horizontal=True, key="audit_ext_oracle",
                       format_func={"target": "the target's law here (teacher forcing)",
-                                   "baseline": "the same engine with speculation off (two-sample; no weights needed)"}.get)
+                                   "baseline": "the same engine with speculation off (two-sample; no weights needed)",
+                                   "server": "the server's own scores (vLLM, SGLang; no weights needed)"}.get,
+                      help="The server's scores settle the declared law exactly at temperature 0, with top-k at most the "
+                           "log-probs returned, at temperature 1 without truncation, or with a min-p cut inside them.")
     left, right = st.columns(2)
     detect = left.number_input("TV to rule out", 0.005, 0.5, DEFAULT_DETECT_TV, 0.005, format="%.3f", key="audit_ext_tv",
                                help="A clean sample too small to detect this distortion is 'inconclusive', not 'pass'.")
-    baseline, baseline_url, target_name = None, None, None
-    if oracle == "target":
+    baseline, baseline_url, target_name, scores = None, None, None, None
+    if oracle == "server":
+        if source == "endpoint":
+            api = right.selectbox("Scores API", ["vllm", "sglang"], key="audit_ext_scores_api",
+                                  help="vLLM: prompt_logprobs; SGLang: input_top_logprobs. Asked after each generation, never with it.")
+            scores = (api, int(st.number_input("Log-probs per token", 1, 1024, 20, key="audit_ext_score_k")))
+    elif oracle == "target":
         target_name = right.text_input("Target (the model the engine served)", default_target(), key="audit_ext_target")
     elif source == "file":
         baseline = _uploaded_samples("Baseline generations (JSONL, speculation off)", "audit_ext_baseline")
     else:
         baseline_url = right.text_input("Baseline endpoint (speculation off)", "http://127.0.0.1:8001", key="audit_ext_baseline_url")
     if source == "file":
-        ready = samples is not None and (oracle == "target" or baseline is not None)
+        ready = samples is not None and (oracle != "baseline" or baseline is not None)
         if samples is not None:
             st.caption(f"{len(samples)} generations, {sum(len(sample.token_ids) for sample in samples):,} tokens"  # literal-ok: counts
                        + ("" if baseline is None else f"; baseline {len(baseline)} generations"))  # literal-ok: counts
     else:
-        ready = fields is not None and (oracle == "target" or bool(baseline_url and baseline_url.strip()))
+        ready = fields is not None and (oracle != "baseline" or bool(baseline_url and baseline_url.strip()))
     if not st.button("Audit the generations", type="primary", key="audit_ext_go", disabled=not ready):
         return
     stop = st.empty()  # cleared when the audit is done
@@ -180,7 +192,7 @@ def external_form() -> None:
         out = Path("data") / f"samples-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
         tokenize = (lambda text: list(target.tokenizer(text)["input_ids"])) if target is not None and target.tokenizer else None
         eos_id = target.tokenizer.eos_token_id if target is not None and target.tokenizer else None
-        samples = _collect_on_page(fields, fields["url"], out, 0, True, tokenize, eos_id)
+        samples = _collect_on_page(fields, fields["url"], out, 0, True, tokenize, eos_id, scores)
         st.caption(md("collected into {path}", path=str(out)))
         if baseline_url:
             baseline = _collect_on_page(fields, baseline_url.strip(), out.with_name(out.stem + ".baseline.jsonl"),
@@ -188,6 +200,8 @@ def external_form() -> None:
     source_name = "uploaded file" if fields is None else str(out)
     if baseline is not None:
         result = two_sample_audit(samples, baseline, detect_tv=float(detect), source=source_name)
+    elif oracle == "server":
+        result = audit_scored_samples(samples, detect_tv=float(detect), source=source_name)
     else:
         bar = st.progress(0.0, text="Teacher forcing…")
         result = audit_samples(samples, target, detect_tv=float(detect), source=source_name, eos=eos_ids(target, None),

@@ -12,6 +12,9 @@ The traps engines have, and what this does about them:
   ``/extras/tokenize`` or ``/tokenize``). A text whose ids do not number what the engine reports
   (``usage.completion_tokens``) was sampled as a non-canonical split: its ids are unknown, and the
   audit leaves it out and says how many. A generation that ended on EOS gets the EOS id back.
+* **Scores come after.** With ``scores_api`` (``vllm`` or ``sglang``) each continuation is sent
+  back, prompt ids then generated ids, in a separate request that generates nothing, and the
+  server's teacher-forced log-probabilities are stored with the sample (``server_scores``).
 * **Untrusted answers.** A response is read up to ``MAX_RESPONSE_BYTES`` and checked field by
   field; the raw response is kept in the file, so a verdict can be rechecked.
 
@@ -31,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from diagnostics.audit.samples import MAX_TOKENS, Sample, SamplesError, parse_sample
+from diagnostics.audit.server_scores import MAX_TOP, SCORE_APIS, score_request, scores_from_sglang, scores_from_vllm
 
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 RETRIES = 5
@@ -176,11 +180,16 @@ def collect(endpoint: str, model: str, prompts: list[str], out: str | Path, *, n
             first_seed: int = 0, speculative: bool | None = None, tokenize: Callable[[str], list[int]] | None = None,
             eos_id: int | None = None, rate: float = 20.0, api_key: str | None = None,
             progress: Callable[[int, int], None] | None = None,
-            should_stop: Callable[[], bool] | None = None) -> Path:
+            should_stop: Callable[[], bool] | None = None, scores_api: str | None = None, score_logprobs: int = 20) -> Path:
     """``n`` generations of each prompt from ``endpoint``, appended to ``out`` as they come (a
-    stop or a crash keeps what was collected). Returns the file."""
+    stop or a crash keeps what was collected); with ``scores_api``, each scored by the server
+    afterwards (its top ``score_logprobs``). Returns the file."""
     if n < 1 or sampling.max_tokens < 1:
         raise EndpointError("--n and --max-tokens must be at least 1")
+    if scores_api is not None and scores_api not in SCORE_APIS:
+        raise EndpointError(f"unknown scores API {scores_api!r}: use one of {', '.join(SCORE_APIS)}")
+    if not 1 <= score_logprobs <= MAX_TOP:
+        raise EndpointError(f"--score-logprobs must lie in [1, {MAX_TOP}], got {score_logprobs}")
     if not prompts:
         raise EndpointError("no prompts to send")
     client = Client(endpoint, rate=rate, api_key=api_key)
@@ -202,12 +211,30 @@ def collect(endpoint: str, model: str, prompts: list[str], out: str | Path, *, n
                                                 speculative=speculative, tokenize=tokenize, prompt_ids=prompt_ids, eos_id=eos_id)
                 except SamplesError as error:
                     raise EndpointError(f"the endpoint's answer cannot be used: {error}") from None
+                if scores_api is not None:
+                    sample.scores = _server_scores(client, scores_api, model, prompt_ids, sample.token_ids, score_logprobs)
                 handle.write(json.dumps(sample.as_dict(), ensure_ascii=False) + "\n")
                 handle.flush()
                 done += 1
                 if progress is not None:
                     progress(done, total)
     return out
+
+
+def _server_scores(client: Client, api: str, model: str, prompt_ids: list[int], tokens: list[int], k: int) -> list:
+    """The server's teacher-forced scores of ``tokens`` after ``prompt_ids`` (a request apart from the generation)."""
+    if not tokens:
+        return []
+    if not prompt_ids:
+        raise EndpointError("scoring needs the prompt's ids: give --target to tokenise here, or a server with /tokenize")
+    path, body = score_request(api, model, list(prompt_ids) + list(tokens), k)
+    answer = client.post(path, body)
+    try:
+        if api == "vllm":
+            return scores_from_vllm(answer, len(prompt_ids), tokens, k)
+        return scores_from_sglang(answer, tokens)
+    except SamplesError as error:
+        raise EndpointError(f"the server's scores cannot be used: {error}") from None
 
 
 __all__ = ["Client", "EndpointError", "Sampling", "collect", "sample_from_answer", "server_tokenizer"]

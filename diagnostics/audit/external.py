@@ -213,10 +213,7 @@ def audit_samples(samples: list[Sample], target: Any, *, level: float = 0.01, de
                   progress: Callable[[int, int], None] | None = None) -> ExternalAudit:
     """One-sample audit of ``samples`` against ``target``'s law under each sample's declared
     settings (see the module's docstring). ``eos``: a generation is cut after its first EOS id."""
-    if not 0 < level < 1:
-        raise SamplesError(f"the level must lie in (0, 1), got {level}")
-    if not 0 < detect_tv < 1:
-        raise SamplesError(f"the TV to detect must lie in (0, 1), got {detect_tv}")
+    _checked(level, detect_tv)
     started = time.perf_counter()
     samples, unknown = usable(samples)
     if not samples:
@@ -257,6 +254,43 @@ def audit_samples(samples: list[Sample], target: Any, *, level: float = 0.01, de
     core = engine_audit(pit, [], [], level=level, implementation="external")
     result = _verdict(core, samples, per_generation, per_prompt, level=level, detect_tv=detect_tv, source=source,
                       design="one-sample: local target", mismatches=len(mismatched), started=started)
+    if unknown:
+        result.notes.append(unknown_note(unknown))
+    return result
+
+
+def _checked(level: float, detect_tv: float) -> None:
+    if not 0 < level < 1:
+        raise SamplesError(f"the level must lie in (0, 1), got {level}")
+    if not 0 < detect_tv < 1:
+        raise SamplesError(f"the TV to detect must lie in (0, 1), got {detect_tv}")
+
+
+def audit_scored_samples(samples: list[Sample], *, level: float = 0.01, detect_tv: float = DEFAULT_DETECT_TV,
+                         source: str = "samples", eos: set[int] | None = None) -> ExternalAudit:
+    """One-sample audit of ``samples`` against the server's own teacher-forced scores stored in
+    them (``server_scores``): the same tests as ``audit_samples``, with each token's PIT from its
+    scores (exact where the declared law is settled by the top-k returned, see ``server_scores``)."""
+    from diagnostics.audit.server_scores import scored_pits
+
+    _checked(level, detect_tv)
+    started = time.perf_counter()
+    samples, unknown = usable(samples)
+    if not any(sample.scores is not None for sample in samples):
+        raise SamplesError("no generation carries the server's scores: collect with --oracle server (vLLM or SGLang), "
+                           "or audit against --target")
+    scored = scored_pits(samples, eos)
+    if not scored.pit.by_position and not scored.pit.impossible:
+        raise SamplesError(f"the server's scores settle no token ({scored.missing} positions left out): ask for more "
+                           "log-probabilities per token, or audit against --target")
+    core = engine_audit(scored.pit, [], [], level=level, implementation="external")
+    result = _verdict(core, samples, scored.per_generation, scored.per_prompt, level=level, detect_tv=detect_tv,
+                      source=source, design="one-sample: server's scores", mismatches=0, started=started)
+    if scored.missing:
+        result.notes.append(f"{scored.missing} token positions left out: their scores cannot settle the declared law "
+                            "(missing, placeholder 0.0 log-probs, or a cut beyond the top-k returned)")
+    if scored.unscored:
+        result.notes.append(f"{scored.unscored} generations carry no scores and were left out")
     if unknown:
         result.notes.append(unknown_note(unknown))
     return result
@@ -305,5 +339,5 @@ def recommended_generations(tokens_per_generation: float, detect_tv: float = DEF
     return max(1, math.ceil(needed / max(1.0, tokens_per_generation)))
 
 
-__all__ = ["DEFAULT_DETECT_TV", "ExternalAudit", "PromptTest", "audit_samples", "distortion_estimate",
+__all__ = ["DEFAULT_DETECT_TV", "ExternalAudit", "PromptTest", "audit_samples", "audit_scored_samples", "distortion_estimate",
            "recommended_generations", "teacher_forced_batch"]

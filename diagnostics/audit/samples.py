@@ -5,12 +5,14 @@ One JSON object per line::
     {"prompt": str, "token_ids": [int, …], "temperature": float,
      "top_k": int|null, "top_p": float|null, "min_p": float|null,
      "text"?: str, "prompt_ids"?: [int, …], "engine"?: str, "speculative"?: bool,
-     "finish_reason"?: str, "seed"?: int, "raw"?: any}
+     "finish_reason"?: str, "seed"?: int, "raw"?: any,
+     "scores"?: [{"logprob": float, "top": [[id, logprob], …]} | null, …]}
 
 The sampling settings are those the engine was *asked* to use; the audit tests whether the
 generations follow the target's law under them. ``top_k`` of 0 or −1, ``top_p`` of 1 and
 ``min_p`` of 0 mean "off", as in vLLM and llama.cpp. ``prompt_ids`` are the ids the engine
-conditioned on (when it returns them); without them the prompt is tokenised here. A file is
+conditioned on (when it returns them); without them the prompt is tokenised here. ``scores`` are
+the server's own teacher-forced log-probabilities of each emitted token (``server_scores``). A file is
 untrusted input: its size, its line count and every field are bounded, and a bad line is a one-line
 error that names it.
 """
@@ -55,6 +57,7 @@ class Sample:
     seed: int | None = None
     completion_tokens: int | None = None  # what the engine said it generated (``usage.completion_tokens``)
     ids_source: str | None = None  # "engine" (ids it returned) or "retokenized" (its text, tokenised)
+    scores: list | None = field(default=None, repr=False)  # the server's own scores per token (``server_scores``)
     raw: Any = field(default=None, repr=False)
 
     @property
@@ -74,7 +77,10 @@ class Sample:
         return (self.temperature, self.top_k, self.top_p, self.min_p)
 
     def as_dict(self) -> dict[str, Any]:
-        return {key: value for key, value in asdict(self).items() if value is not None}
+        payload = {key: value for key, value in asdict(self).items() if value is not None and key != "scores"}
+        if self.scores is not None:
+            payload["scores"] = [None if entry is None else entry.as_json() for entry in self.scores]
+        return payload
 
 
 def _ids(value: Any, name: str, where: str, allow_empty: bool) -> list[int]:
@@ -155,6 +161,10 @@ def parse_sample(obj: Any, where: str) -> Sample:
         completion_tokens=_count(obj.get("completion_tokens"), where),
         ids_source=_text(obj.get("ids_source"), "ids_source", where, limit=20),
     )
+    if obj.get("scores") is not None:
+        from diagnostics.audit.server_scores import parse_scores
+
+        sample.scores = parse_scores(obj["scores"], len(sample.token_ids), where)
     if not sample.prompt and sample.prompt_ids is None:
         raise SamplesError(f"{where}: the prompt is empty and there are no prompt_ids")
     try:

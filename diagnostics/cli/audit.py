@@ -17,6 +17,10 @@ def command_audit(args: argparse.Namespace) -> int:
     samples_file = _samples_file(args)
     if sum(bool(value) for value in (args.run, args.engine, args.all, samples_file, args.endpoint)) > 1:
         raise AuditError("choose one of --run, --engine, --all, --samples FILE and --endpoint URL")
+    if args.oracle == "server" and (args.baseline_samples or args.baseline_endpoint):
+        raise AuditError("--oracle server tests against the server's own scores; a baseline is another oracle: choose one")
+    if args.oracle == "server" and not (samples_file or args.endpoint):
+        raise AuditError("--oracle server audits generations: add --samples FILE (with scores) or --endpoint URL")
     if args.baseline_endpoint and not args.endpoint:
         raise AuditError("--baseline-endpoint compares with --endpoint URL: give both")
     if args.endpoint:
@@ -78,9 +82,9 @@ def _collect(args: argparse.Namespace) -> str | None:
 
     if not args.model or not args.prompts:
         raise EndpointError("--endpoint needs --model NAME (as the server knows it) and --prompts FILE (JSONL with \"prompt\")")
-    if args.target is None and not args.baseline_endpoint:
-        raise EndpointError("give --target ID (a local copy of the served model) or --baseline-endpoint URL (speculation off) "
-                            "to audit against")
+    if args.target is None and not args.baseline_endpoint and args.oracle != "server":
+        raise EndpointError("give --target ID (a local copy of the served model), --baseline-endpoint URL (speculation off) "
+                            "or --oracle server (the server's own scores) to audit against")
     prompts = [item.prompt for item in load_prompts(args.prompts)]
     sampling = Sampling(max_tokens=args.max_tokens, temperature=1.0 if args.temperature is None else args.temperature,
                         top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
@@ -91,7 +95,8 @@ def _collect(args: argparse.Namespace) -> str | None:
     tokenize, eos_id = _local_tokenizer(args)
     api_key = os.environ.get("OPENAI_API_KEY")
     collect(args.endpoint, args.model, prompts, out, n=args.n, sampling=sampling, first_seed=args.seed, speculative=True,
-            tokenize=tokenize, eos_id=eos_id, rate=args.rate, api_key=api_key, progress=_progress("collecting"))
+            tokenize=tokenize, eos_id=eos_id, rate=args.rate, api_key=api_key, progress=_progress("collecting"),
+            scores_api=args.scores_api if args.oracle == "server" else None, score_logprobs=args.score_logprobs)
     print(f"collected {len(prompts) * args.n} generations into {out}", file=sys.stderr)
     if args.baseline_endpoint:
         baseline = _baseline_path(out)
@@ -135,6 +140,10 @@ def _audit_samples(args: argparse.Namespace, path: str) -> dict:
     from diagnostics.audit.two_sample import two_sample_audit
 
     samples = load_samples(path)
+    if args.oracle == "server":
+        from diagnostics.audit.external import audit_scored_samples
+
+        return audit_scored_samples(samples, level=args.level, detect_tv=args.detect_tv, source=str(path)).as_dict()
     if args.baseline_samples:
         baseline = load_samples(args.baseline_samples)
         return two_sample_audit(samples, baseline, level=args.level, detect_tv=args.detect_tv, source=str(path)).as_dict()
@@ -379,6 +388,13 @@ def add_parser(commands: Any) -> None:
     audit.add_argument("--rate", type=float, default=20.0, help="with --endpoint: at most this many requests per second")
     audit.add_argument("--out", default=None, metavar="FILE.jsonl",
                        help="with --endpoint: where the generations go, raw responses kept (default data/samples-TIME.jsonl)")
+    audit.add_argument("--oracle", default=None, choices=["server"],
+                       help="with --samples or --endpoint: test against the server's own teacher-forced scores (stored per "
+                            "token in the file; collected with --scores-api) instead of --target or a baseline")
+    audit.add_argument("--scores-api", default="vllm", choices=["vllm", "sglang"],
+                       help="with --endpoint --oracle server: ask for scores as vLLM (prompt_logprobs) or SGLang (input_top_logprobs)")
+    audit.add_argument("--score-logprobs", type=int, default=20, metavar="K",
+                       help="with --oracle server: log-probabilities per token to ask for; the law is exact when top-k <= K")
     audit.add_argument("--detect-tv", type=float, default=0.05,
                        help="with --samples: the distortion (TV) to rule out; a clean sample too small to detect it is "
                             "'inconclusive', not 'pass'")

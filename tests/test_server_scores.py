@@ -1,0 +1,249 @@
+"""The server's own teacher-forced scores as the external audit's oracle.
+
+Unit level: a PIT computed from top-k scores equals the PIT from the whole law where the law is
+settled by them, and the tail stand-in at temperature 1 is exactly uniform (closed form against
+simulation). End to end: a fake vLLM/SGLang server over the tiny target (it samples the exact law,
+and scores by teacher forcing, with planted score bugs) driven through ``audit --endpoint``.
+
+Sizes: a TV of 0.1 needs 1,178 PIT tokens (``--detect-tv 0.1``); 3 prompts × 50 generations of
+12 tokens give about 1,700."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import torch
+
+from diagnostics.audit.engine_level import _uniformity, randomized_pits
+from diagnostics.audit.external import audit_scored_samples
+from diagnostics.audit.samples import SamplesError, load_samples
+from diagnostics.audit.server_scores import IMPOSSIBLE, MISSING, OK, PositionScores, position_pit
+from diagnostics.audit.suite import tiny_setup
+from diagnostics.cli import main
+from diagnostics.policy import Policy, probabilities
+
+PROMPTS = ["1 2 3 4", "5 6 7", "2 9 4 4 1"]
+PER_PROMPT = 50
+
+
+def uniform_p_value(values: list[float]) -> float:
+    return _uniformity(values, 20)[1].p_value
+
+
+def _scores(law_raw: torch.Tensor, token: int, k: int) -> PositionScores:
+    logprobs = torch.log(law_raw)
+    order = sorted(range(law_raw.numel()), key=lambda i: (-float(law_raw[i]), i))[:k]
+    return PositionScores(float(logprobs[token]), tuple((i, float(logprobs[i])) for i in order))
+
+
+@pytest.mark.parametrize("policy", [Policy(temperature=0.7, top_k=4), Policy(temperature=1.3, top_k=5, top_p=0.8),
+                                    Policy(temperature=1.0, top_k=3, min_p=0.2), Policy(temperature=0.6, min_p=0.3),
+                                    Policy(temperature=1.0)])
+def test_a_pit_from_scores_equals_the_pit_from_the_whole_law(policy: Policy) -> None:
+    """Where the scores settle the law (and the token is in the top returned), the same draw gives the same PIT."""
+    generator = torch.Generator().manual_seed(3)
+    compared = 0
+    for trial in range(60):
+        logits = torch.randn(1, 12, generator=generator, dtype=torch.float64) * 2
+        raw = torch.softmax(logits, -1)[0]
+        law = probabilities(logits, policy)[0]
+        token = int(torch.multinomial(law, 1, generator=generator))
+        scores = _scores(raw, token, 6)
+        status, value = position_pit(scores, token, policy, torch.Generator().manual_seed(trial))
+        if status == MISSING or token not in dict(scores.top):  # outside the top: the tail stand-in, tested below
+            continue
+        expected = randomized_pits(law.reshape(1, -1), [token], torch.Generator().manual_seed(trial))[0]
+        assert status == OK and value == pytest.approx(expected, abs=1e-9)
+        compared += 1
+    assert compared >= 30
+
+
+def test_the_tail_stand_in_keeps_the_pit_exactly_uniform() -> None:
+    """Temperature 1, top 2 of 12 returned: most tokens fall outside and get U[m, 1]; 20,000 PITs detect a binned TV of 0.035."""
+    generator = torch.Generator().manual_seed(7)
+    values, tail = [], 0
+    for draw in range(20_000):
+        if draw % 50 == 0:
+            raw = torch.softmax(torch.randn(12, generator=generator, dtype=torch.float64), -1)
+        token = int(torch.multinomial(raw, 1, generator=generator))
+        scores = _scores(raw, token, 2)
+        tail += token not in dict(scores.top)
+        status, value = position_pit(scores, token, Policy(), generator)
+        assert status == OK
+        values.append(value)
+    assert tail > 6_000 and uniform_p_value(values) > 0.001
+    # Negative control: the tail's PIT drawn on [0, 1] instead of [m, 1] is caught at the same size.
+    bad = []
+    for draw in range(20_000):
+        if draw % 50 == 0:
+            raw = torch.softmax(torch.randn(12, generator=generator, dtype=torch.float64), -1)
+        token = int(torch.multinomial(raw, 1, generator=generator))
+        scores = _scores(raw, token, 2)
+        if token in dict(scores.top):
+            bad.append(position_pit(scores, token, Policy(), generator)[1])
+        else:
+            bad.append(float(torch.rand((), generator=generator)))
+    assert uniform_p_value(bad) < 1e-6
+
+
+def test_placeholders_and_impossible_tokens() -> None:
+    generator = torch.Generator().manual_seed(0)
+    placeholder = PositionScores(0.0, ((3, 0.0), (5, 0.0), (7, 0.0)))  # llama.cpp's logprob 0.0 stand-ins
+    assert position_pit(placeholder, 3, Policy(), generator)[0] == MISSING
+    assert position_pit(None, 3, Policy(), generator)[0] == MISSING
+    top = PositionScores(math.log(0.1), ((1, math.log(0.5)), (2, math.log(0.3)), (4, math.log(0.1))))
+    assert position_pit(top, 9, Policy(temperature=0.8, top_k=2), generator)[0] == IMPOSSIBLE
+    assert position_pit(top, 1, Policy(temperature=0.0), generator)[0] == OK
+    assert position_pit(top, 2, Policy(temperature=0.0), generator)[0] == IMPOSSIBLE
+    assert position_pit(top, 1, Policy(temperature=0.8, top_k=5), generator)[0] == MISSING  # fewer than top-k returned
+
+
+class _Fake(BaseHTTPRequestHandler):
+    """vLLM's /v1/completions (generation; scoring with prompt_logprobs) and /tokenize, and SGLang's /generate."""
+
+    target = None
+    bug: str | None = None  # "shift": a token scored with the next position's law (llama.cpp's echo); "placeholder"
+
+    def log_message(self, *args) -> None:  # quiet
+        pass
+
+    def _answer(self, payload: dict) -> None:
+        raw = json.dumps(payload).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def do_GET(self) -> None:
+        self._answer({"data": [{"id": "tiny"}]})
+
+    @torch.inference_mode()
+    def _raw_laws(self, ids: list[int]) -> torch.Tensor:
+        logits = self.target.model(input_ids=torch.tensor([ids]), use_cache=False).logits[0].double()
+        laws = torch.log_softmax(logits, -1)  # row i predicts token i + 1
+        if self.bug == "shift":
+            laws = torch.cat([laws[1:], laws[-1:]])
+        if self.bug == "placeholder":
+            laws = torch.zeros_like(laws)
+        return laws
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path not in ("/tokenize", "/generate", "/v1/completions") or (self.path == "/tokenize" and "prompt" not in body):
+            self.send_error(404 if self.path != "/tokenize" else 400)  # vLLM's /tokenize reads "prompt" only
+            return None
+        if self.path == "/tokenize":
+            return self._answer({"tokens": [int(word) for word in body["prompt"].split()]})
+        if self.path == "/generate":
+            ids, k = body["input_ids"], body["top_logprobs_num"]
+            laws = self._raw_laws(ids)
+            own = [[None, ids[0], None]] + [[float(laws[i - 1, ids[i]]), ids[i], None] for i in range(1, len(ids))]
+            tops = [None] + [[[float(laws[i - 1, v]), int(v), None] for v in torch.argsort(-laws[i - 1])[:k].tolist()]
+                             for i in range(1, len(ids))]
+            return self._answer({"text": "", "meta_info": {"input_token_logprobs": own, "input_top_logprobs": tops}})
+        if "prompt_logprobs" in body:
+            ids, k = body["prompt"], body["prompt_logprobs"]
+            laws = self._raw_laws(ids)
+            entries = [None]
+            for i in range(1, len(ids)):
+                ranks = torch.argsort(-laws[i - 1]).tolist()
+                entry = {str(v): {"logprob": float(laws[i - 1, v]), "rank": rank + 1} for rank, v in enumerate(ranks[:k])}
+                entry[str(ids[i])] = {"logprob": float(laws[i - 1, ids[i]]), "rank": ranks.index(ids[i]) + 1}
+                entries.append(entry)
+            return self._answer({"choices": [{"text": "", "prompt_logprobs": entries}]})
+        ids = [int(word) for word in body["prompt"].split()]
+        generator = torch.Generator().manual_seed(body["seed"])
+        policy = Policy(temperature=body["temperature"], top_k=body["top_k"] or None,
+                        top_p=None if body["top_p"] >= 1 else body["top_p"], min_p=body["min_p"] or None)
+        if self.bug == "hot":
+            policy = Policy(temperature=body["temperature"] * 1.5, top_k=policy.top_k)
+        new = []
+        with torch.inference_mode():
+            for _ in range(body["max_tokens"]):
+                logits = self.target.model(input_ids=torch.tensor([ids + new]), use_cache=False).logits[0, -1:].double()
+                new.append(int(torch.multinomial(probabilities(logits, policy)[0], 1, generator=generator)))
+        self._answer({"choices": [{"text": " " + " ".join(map(str, new)), "token_ids": new, "finish_reason": "length"}],
+                      "usage": {"completion_tokens": len(new)}})
+
+
+@pytest.fixture(scope="module")
+def server():
+    _Fake.target = tiny_setup().target
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Fake)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+
+
+@pytest.fixture(scope="module")
+def prompts(tmp_path_factory):
+    path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": prompt}) + "\n" for prompt in PROMPTS))
+    return path
+
+
+def _collect_and_audit(server, prompts, out, capsys, *extra: str, bug: str | None = None) -> dict:
+    _Fake.bug = bug
+    try:
+        code = main(["audit", "--endpoint", server, "--model", "tiny", "--prompts", str(prompts), "--n", str(PER_PROMPT),
+                     "--max-tokens", "12", "--rate", "10000", "--oracle", "server", "--detect-tv", "0.1", "--out", str(out), *extra])
+    finally:
+        _Fake.bug = None
+    assert code == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("extra", [["--score-logprobs", "3"], ["--temperature", "0.8", "--top-k", "4", "--score-logprobs", "5"],
+                                   ["--scores-api", "sglang", "--temperature", "0.7", "--min-p", "0.1", "--score-logprobs", "8"]],
+                         ids=["vllm-t1-tail", "vllm-topk", "sglang-minp"])
+def test_a_correct_server_passes_against_its_own_scores(server, prompts, tmp_path, capsys, extra) -> None:
+    result = _collect_and_audit(server, prompts, tmp_path / "s.jsonl", capsys, *extra)
+    assert result["verdict"] == "pass", result["reasons"]
+    assert result["design"] == "one-sample: server's scores" and result["tokens"] >= 1178
+    again = audit_scored_samples(load_samples(tmp_path / "s.jsonl"), detect_tv=0.1)  # the file alone gives the same verdict
+    assert again.verdict == "pass" and again.tokens == result["tokens"]
+
+
+def test_shifted_scores_and_a_hotter_engine_fail(server, prompts, tmp_path, capsys) -> None:
+    """llama-cpp-python's echo scores each token with the next position's law: that oracle fails a correct engine.
+    An engine sampling at 1.5× the declared temperature fails against correct scores."""
+    shifted = _collect_and_audit(server, prompts, tmp_path / "shift.jsonl", capsys, "--score-logprobs", "3", bug="shift")
+    assert shifted["verdict"] == "fail" and shifted["p_value"] < 1e-6
+    hot = _collect_and_audit(server, prompts, tmp_path / "hot.jsonl", capsys, "--temperature", "0.6", "--top-k", "6",
+                             "--score-logprobs", "6", bug="hot")
+    assert hot["verdict"] == "fail" and hot["p_value"] < 1e-4
+
+
+def test_placeholder_scores_are_missing_not_a_verdict(server, prompts, tmp_path, capsys) -> None:
+    _Fake.bug = "placeholder"
+    try:
+        code = main(["audit", "--endpoint", server, "--model", "tiny", "--prompts", str(prompts), "--n", "2",
+                     "--max-tokens", "4", "--rate", "10000", "--oracle", "server", "--out", str(tmp_path / "p.jsonl")])
+    finally:
+        _Fake.bug = None
+    assert code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("error: ") and "settle no token (24 positions left out)" in error
+
+
+def test_unsupported_settings_and_misuse_are_one_line_errors(server, prompts, tmp_path, capsys) -> None:
+    path = tmp_path / "s.jsonl"
+    _collect_and_audit(server, prompts, path, capsys, "--score-logprobs", "3")
+    samples = load_samples(path)
+    for sample in samples:
+        sample.temperature = 0.8
+    with pytest.raises(SamplesError, match="temperature 0.8 without top-k"):
+        audit_scored_samples(samples)
+    assert main(["audit", "--samples", str(path), "--oracle", "server", "--baseline-samples", str(path)]) == 2
+    assert "choose one" in capsys.readouterr().err
+    line = json.loads(path.read_text().splitlines()[0])
+    line["scores"] = line["scores"][:-1]
+    (tmp_path / "bad.jsonl").write_text(json.dumps(line) + "\n")
+    assert main(["audit", "--samples", str(tmp_path / "bad.jsonl"), "--oracle", "server"]) == 2
+    assert "one entry per token id" in capsys.readouterr().err
