@@ -434,7 +434,9 @@ def audit_figure(evidence: dict) -> go.Figure | None:
                            fill="toself", mode="lines", line={"width": 0}, fillcolor="rgba(87,96,106,0.15)", hoverinfo="skip")
         figure.add_scatter(name="uniform", x=[0, 1], y=[expected, expected], mode="lines", line={"color": "#57606a", "dash": "dash"},
                            hoverinfo="skip")
-        figure.update_layout(title="Randomized PIT of every emitted token under the teacher-forced target law "
+        oracle = ("the server's own teacher-forced scores" if "server" in str(evidence.get("design") or "")
+                  else "the teacher-forced target law")
+        figure.update_layout(title=f"Randomized PIT of every emitted token under {oracle} "
                                    "(flat when the generator samples p)",
                              xaxis_title="PIT value u = F(y − 1) + V·p(y)", yaxis_title="tokens", height=380,
                              margin={"t": 50, "b": 40, "l": 50, "r": 10}, bargap=0.05)

@@ -45,6 +45,8 @@ def test_rule_level_audit_of_a_planted_bug_fails_with_evidence(database) -> None
     stored = Store(database, read_only=True).list_audits()
     assert stored["verdict"].tolist() == ["fail"] and stored["layer"].tolist() == ["rule"]
     assert at.get("download_button")  # the audit's report
+    at.run()  # the next interaction: the form the user just used stays open (it closed once an audit existed)
+    assert at.expander[0].proto.expanded
 
 
 def test_engine_level_audit_of_our_engine_passes(database) -> None:

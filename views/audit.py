@@ -211,7 +211,11 @@ def external_form() -> None:
     _save(result.as_dict())
 
 
-with st.expander("New audit", expanded=store.list_audits().empty):
+# Open while there is no audit yet, and stays open once the user has run one from it this session
+# (a rerun that closed it would hide the result's messages and the form's controls).
+if any(st.session_state.get(key) for key in ("audit_rule_go", "audit_engine_go", "audit_ext_go", "audit_run_go")):
+    st.session_state["audit_form_used"] = True  # the click's own rerun: a button's state is true only now
+with st.expander("New audit", expanded=store.list_audits().empty or st.session_state.get("audit_form_used", False)):
     layer = st.radio("Layer", list(LAYERS), horizontal=True, key="audit_layer")
     st.caption(LAYERS[layer])
     try:
