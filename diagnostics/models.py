@@ -232,12 +232,13 @@ class DraftSpec:
 
 
 def parse_draft(spec: str) -> DraftSpec:
-    """Parse ``model:ID_OR_PATH``, ``early-exit:LAYER`` or ``ngram:N``."""
+    """Parse ``model:ID_OR_PATH``, ``early-exit:LAYER``, ``ngram:N``, ``eagle3:PATH_OR_ID`` or ``medusa:PATH_OR_ID``."""
     kind, _, value = spec.strip().partition(":")
     kind = kind.strip().lower()
     value = value.strip()
-    if kind not in ("model", "early-exit", "ngram") or not value:
-        raise ModelError(f"unknown drafter {spec!r}; use model:ID_OR_PATH, early-exit:LAYER or ngram:N")
+    if kind not in ("model", "early-exit", "ngram", "eagle3", "medusa") or not value:
+        raise ModelError(f"unknown drafter {spec!r}; use model:ID_OR_PATH, early-exit:LAYER, ngram:N, "
+                         "eagle3:PATH_OR_ID or medusa:PATH_OR_ID")
     if kind in ("early-exit", "ngram"):
         try:
             number = int(value)
@@ -295,8 +296,9 @@ def check_vocabularies(target: LoadedModel, draft: LoadedModel) -> None:
         )
 
 
-def load_draft(spec: str | None, target: LoadedModel, *, dtype: str = "float32", trust_remote_code: bool = False) -> LoadedModel | str | None:
-    """Resolve a ``--draft`` value once: a loaded model (``model:``, ``early-exit:``), an n-gram spec, or ``None``."""
+def load_draft(spec: str | None, target: LoadedModel, *, dtype: str = "float32", trust_remote_code: bool = False) -> Any:
+    """Resolve a ``--draft`` value once: a loaded model (``model:``, ``early-exit:``), a loaded head
+    (``eagle3:``, ``medusa:``), an n-gram spec, or ``None``."""
     if spec is None or spec.strip().lower() in ("", "none", "plain"):
         return None
     parsed = parse_draft(spec)
@@ -304,6 +306,10 @@ def load_draft(spec: str | None, target: LoadedModel, *, dtype: str = "float32",
         return parsed.spec
     if parsed.kind == "early-exit":
         return early_exit_model(target, int(parsed.value))
+    if parsed.kind in ("eagle3", "medusa"):
+        from diagnostics.heads.layout import load_head
+
+        return load_head(parsed.kind, parsed.value, target)
     loaded = load_model(parsed.value, dtype=dtype, device=target.device, trust_remote_code=trust_remote_code)
     check_vocabularies(target, loaded)
     return loaded

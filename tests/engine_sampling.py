@@ -10,6 +10,7 @@ Kept in a module of its own so spawned workers can import it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import multiprocessing
 import os
@@ -20,6 +21,7 @@ import torch
 from diagnostics.audit.mutants import BATCH_MUTANTS, TREE_MUTANTS, StaleRollbackScorer
 from diagnostics.engine.drafting import TargetScorer
 from diagnostics.engine import CORRECT, generate_batch
+from diagnostics.engine.head_drafting import PLANTED as HEAD_PLANTED
 from diagnostics.policy import Policy, probabilities
 from tiny_models import tiny_lm
 
@@ -46,10 +48,34 @@ class Setup:
         return self.start + 2
 
 
+HEADS = ("eagle3", "medusa")  # drafts from a head that reads a 4-layer tiny Llama's hidden states
+
+
 def models(setup: Setup):
+    if setup.draft in HEADS:
+        return _head_models(setup.draft, setup.vocab)
     target = tiny_lm(setup.vocab, seed=10, sharpness=0.8)
     draft = tiny_lm(setup.vocab, seed=11, sharpness=0.8) if setup.draft == "model" else setup.draft
     return target, draft
+
+
+_HEADS: dict = {}
+
+
+def _head_models(kind: str, vocab: int):
+    """A 4-layer tiny Llama target and a random head written by ``make_head`` and read back by
+    ``load_head`` (the on-disk path a user takes), built once per process."""
+    if (kind, vocab) not in _HEADS:
+        import tempfile
+
+        from diagnostics.heads.layout import load_head, make_head
+        from diagnostics.tiny import tiny_llama
+
+        target = tiny_llama(10, vocab=vocab, layers=4, sharpness=0.8)
+        with tempfile.TemporaryDirectory() as folder:
+            make_head(kind, target, folder, seed=3, scale=0.5)
+            _HEADS[(kind, vocab)] = (target, load_head(kind, folder, target))
+    return _HEADS[(kind, vocab)]
 
 
 # Planted bug: rollback off by one, so the first refused draft's keys and values stay cached.
@@ -76,7 +102,7 @@ def _distractor(setup: Setup, seed: int) -> tuple[list[int], str, Policy, int]:
     """A row that shares the batch but not the test: its prompt, rule, policy and budget differ, so a
     row that leaked into a tested row (its p, its cache) would move the tested law."""
     k = seed // DISTRACTOR_EVERY
-    prompt = list(setup.prompt[: 3 + k % 4]) if k % 2 else list(setup.prompt) + [1, 2, 3][: 1 + k % 3]
+    prompt = list(setup.prompt[: 3 + k % 4]) if k % 2 else list(setup.prompt) + [t % setup.vocab for t in [1, 2, 3][: 1 + k % 3]]
     if setup.tree is not None and setup.children != "top":
         rule = "lossless"  # sampled children are verified losslessly only
     else:
@@ -110,6 +136,8 @@ def _tested_windows(setup: Setup, first_seed: int, count: int) -> list[int]:
             prompt, rule, other, budget = _distractor(setup, seed)
             prompts.append(prompt), rules.append(rule), seeds.append(10**6 + seed)
             policies.append(other), budgets.append(budget), tested.append(False)
+    if setup.planted in HEAD_PLANTED:
+        draft = dataclasses.replace(draft, planted=setup.planted)
     runs = generate_batch(target, draft, prompts, rules, seeds, gamma=setup.gamma, max_new_tokens=budgets, policies=policies,
                           eos_token_id=[], record=False, seams=seams, draft_stop=setup.draft_stop, batch_size=BATCH, **shape)
     cells = []

@@ -1,4 +1,4 @@
-"""Command line: ``python -m diagnostics run | compare | sweep | report | audit | bench``.
+"""Command line: ``python -m diagnostics run | compare | sweep | report | audit | bench | make-head``.
 
 One module per command (its options and what it does); ``common`` holds what they share. Each
 run prints one JSON object on stdout; progress goes to stderr. Bad input ends with a one-line
@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-from diagnostics.cli import audit, bench, compare, report, run, sweep
+from diagnostics.cli import audit, bench, compare, heads, report, run, sweep
 from diagnostics.cli.common import Parser, progress_wanted, silence_library_progress_bars
 
 
@@ -18,7 +18,7 @@ def build_parser() -> Parser:
     """Every command's parser, in the order ``--help`` lists them."""
     parser = Parser(prog="python -m diagnostics", description="Speculative-decoding verification lab")
     commands = parser.add_subparsers(dest="command", required=True)
-    for command in (run, compare, sweep, report, audit, bench):
+    for command in (run, compare, sweep, report, audit, bench, heads):
         command.add_parser(commands)
     return parser
 

@@ -26,6 +26,7 @@ import torch
 from diagnostics.engine.chain import chain_row
 from diagnostics.engine.drafting import ModelDrafter, NgramDrafter, TargetScorer
 from diagnostics.engine.forward import full_stage
+from diagnostics.engine.head_drafting import HeadDrafter
 from diagnostics.engine.records import PositionRecord, Run
 from diagnostics.engine.seams import CORRECT, EngineSeams
 from diagnostics.engine.self_speculation import LayerSplitRow, SelfDrafter, SplitScorer, SplitStages, split_layer
@@ -81,12 +82,13 @@ def _prompt_ids(prompt: Any) -> list[int]:
 class _DraftSource:
     """What every row's drafter is built from: nothing, an n-gram length, a draft model, or a split target."""
 
-    kind: str  # "none", "ngram", "model", "split", "object"
+    kind: str  # "none", "ngram", "model", "split", "object", "head"
     name: str | None = None
     loaded: LoadedModel | None = None
     ngram: int = 0
     layer: int = 0
     custom: Any = None
+    head: Any = None  # a ``heads.LoadedHead``
 
 
 def _draft_source(draft: Any, target: LoadedModel) -> _DraftSource:
@@ -99,9 +101,16 @@ def _draft_source(draft: Any, target: LoadedModel) -> _DraftSource:
             return _DraftSource("ngram", name=spec.spec, ngram=int(spec.value))
         if spec.kind == "early-exit":
             return _DraftSource("model", name=spec.spec, loaded=early_exit_model(target, int(spec.value)))
+        if spec.kind in ("eagle3", "medusa"):
+            from diagnostics.heads.layout import load_head
+
+            head = load_head(spec.kind, spec.value, target)
+            return _DraftSource("head", name=head.name, head=head)
         loaded = load_model(spec.value, device=target.device)
         check_vocabularies(target, loaded)
         return _DraftSource("model", name=spec.spec, loaded=loaded)
+    if hasattr(draft, "taps") and hasattr(draft, "module"):  # a heads.LoadedHead
+        return _DraftSource("head", name=draft.name, head=draft)
     if hasattr(draft, "propose") and hasattr(draft, "commit"):
         return _DraftSource("object", name=getattr(draft, "name", None), custom=draft)
     loaded = wrap_model(draft)
@@ -121,8 +130,10 @@ class _Pair:
             layer = split_layer(target, source.loaded, seams.scorer)
             if layer is not None:
                 self.split = SplitStages(target, layer, rows, capacity)
+        self.target = target
         if self.split is None:
-            self.target_stage = full_stage(target, rows, capacity, order=1)
+            self.target_stage = full_stage(target, rows, capacity, order=1,
+                                           taps=source.head.engine_taps if source.kind == "head" else None)
             self.draft_stage = full_stage(source.loaded, rows, capacity, order=0) if source.kind == "model" else None
 
     def row(self, plan: RowPlan) -> tuple[Any, Any, Callable[[], None]]:
@@ -143,6 +154,8 @@ class _Pair:
             drafter = NgramDrafter(source.ngram)
         elif source.kind == "object":
             drafter = source.custom
+        elif source.kind == "head":
+            drafter = HeadDrafter(source.head, scorer, self.target, plan.draft_policy, planted=source.head.planted)
         elif source.kind == "model":
             draft_slot = self.draft_stage.store.attach()
             drafter = ModelDrafter(self.draft_stage, draft_slot, plan.draft_policy, source.name, self.draft_stop)
@@ -240,6 +253,10 @@ def generate_batch(
     source = _draft_source(draft, loaded)
     if source.kind == "object" and count > 1:
         raise EngineError("a drafter object keeps one sequence's state; give a draft spec or model to batch")
+    if spec is not None and source.kind == "head":
+        raise EngineError(f"{source.name} drafts chains here; trees with draft heads are not built yet: drop the tree shape")
+    if source.kind == "head" and draft_stop is not None:
+        raise EngineError("--draft-stop is for model and early-exit drafters; drop it with a draft head")
     if spec is not None and source.kind == "object" and not hasattr(source.custom, "propose_tree"):
         raise EngineError(f"the drafter {source.name!r} cannot draft trees; use early-exit:L, model:ID or ngram:N")
     rows = min(batch_size or count, count)

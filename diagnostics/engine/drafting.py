@@ -88,11 +88,22 @@ class TargetScorer:
     def __init__(self, stage: Any, slot: int) -> None:
         self.stage, self.slot = stage, slot
         self.cached = 0  # tokens of this row whose keys and values the slot holds
+        self._features: torch.Tensor | None = None  # [≥ cached, k·H] when the stage taps hidden states
+
+    @property
+    def features(self) -> torch.Tensor | None:
+        """The tapped hidden states of the cached tokens ``[cached, k·H]`` (a draft head's input), if tapped."""
+        return None if self._features is None else self._features[: self.cached]
+
+    def _keep_features(self, start: int, output: Output) -> None:
+        if output.taps is not None:
+            self._features = output.taps if start == 0 or self._features is None else torch.cat([self._features[:start], output.taps])
 
     def score(self, committed: list[int], drafts: list[int]) -> Asks:
         """Logits ``[len(drafts) + 1, V]``: after ``committed`` and after each draft."""
         feed = committed[self.cached :] + drafts
         output = yield Forward(self.stage, self.slot, self.cached, tokens=feed, keep=len(drafts) + 1)
+        self._keep_features(self.cached, output)
         self.cached += len(feed)
         return output.logits
 

@@ -196,6 +196,9 @@ class DecoderParts:
         config = loaded.model.config
         lean = all(LeanLayer.supported(layer, config) for layer in self.layers)
         self.lean = {id(layer): LeanLayer(layer) for layer in self.layers} if lean else {}
+        # Set to a dict to receive the input of each layer run (key: its index in the slice) and the
+        # last layer's output (key: the slice's length): the hidden states a draft head reads.
+        self.capture: dict[int, torch.Tensor] | None = None
 
     def embed_tokens(self, tokens: list[int]) -> torch.Tensor:
         return self.embed(torch.tensor([tokens], dtype=torch.long, device=self.device))
@@ -224,13 +227,18 @@ class DecoderParts:
     def _layers(self, hidden: torch.Tensor, positions: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor],
                 mask: torch.Tensor | None, layers: list[Any], cache: Any) -> torch.Tensor:
         cos, sin = rotary[0].unsqueeze(1), rotary[1].unsqueeze(1)  # a head axis, once for every lean layer
-        for layer in layers:
+        capture = self.capture
+        for index, layer in enumerate(layers):
+            if capture is not None:
+                capture[index] = hidden
             lean = self.lean.get(id(layer))
             if lean is not None and not lean.hooked():
                 hidden = lean(hidden, mask, cos, sin, cache)
             else:
                 hidden = layer(hidden, attention_mask=mask, position_ids=positions, past_key_values=cache,
                                use_cache=True, position_embeddings=rotary)
+        if capture is not None:
+            capture[len(layers)] = hidden
         return hidden
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -69,6 +69,7 @@ class Output:
 
     logits: torch.Tensor | None
     hidden: torch.Tensor | None = None
+    taps: torch.Tensor | None = None  # [n, k·H]: the tapped hidden states of every input (a draft head's features)
 
 
 def _uniform(requests: list[Forward]) -> bool:
@@ -209,11 +210,14 @@ class DirectStage:
     """
 
     def __init__(self, parts: Any, store: SlotStore, layers: list[Any] | None = None, order: int = 1,
-                 takes_hidden: bool = False, keeps_hidden: bool = False) -> None:
+                 takes_hidden: bool = False, keeps_hidden: bool = False, taps: tuple[int, ...] | None = None) -> None:
         self.parts, self.store = parts, store
         self.layers = parts.layers if layers is None else layers
         self.order = order
         self.takes_hidden, self.keeps_hidden = takes_hidden, keeps_hidden
+        # Boundary indices (0: the embeddings, i: the input of layer i, L: the last layer's output,
+        # before the final norm): every input's states there come back as ``Output.taps``.
+        self.taps = taps
 
     def keep_rows(self, slot: int, rows: list[int]) -> None:
         self.store.keep_rows(slot, rows)
@@ -231,18 +235,25 @@ class DirectStage:
             ids = [list(r.tokens) + [0] * (count - r.size) for r in requests]
             hidden = parts.embed(torch.tensor(ids, dtype=torch.long, device=parts.device))
         self.store.prepare([r.slot for r in requests], [r.start for r in requests], count, hidden.device)
-        if _uniform(requests):
-            hidden = parts.run(hidden, requests[0].start, self.layers, self.store)
-        else:
-            width = self.store.get_seq_length()
-            mask = additive_mask(requests, count, width, parts.dtype, hidden.device)
-            hidden = parts.run_rows(hidden, positions_of(requests, count, hidden.device), mask, self.layers, self.store)
+        parts.capture = {} if self.taps else None
+        try:
+            if _uniform(requests):
+                hidden = parts.run(hidden, requests[0].start, self.layers, self.store)
+            else:
+                width = self.store.get_seq_length()
+                mask = additive_mask(requests, count, width, parts.dtype, hidden.device)
+                hidden = parts.run_rows(hidden, positions_of(requests, count, hidden.device), mask, self.layers, self.store)
+            taps = torch.cat([parts.capture[index] for index in self.taps], dim=-1).float() if self.taps else None
+        finally:
+            parts.capture = None
         if len(requests) == 1:  # the unbatched slice, so one row's head sees exactly what it did alone
             request = requests[0]
             kept = hidden[0, request.size - request.keep : request.size]
         else:
             kept = hidden.reshape(-1, hidden.shape[-1]).index_select(0, _kept_rows(requests, count).to(hidden.device))
         logits = _split(parts.logits(kept), requests)
+        if taps is not None:
+            return [Output(logits=row, taps=taps[index, : r.size]) for index, (row, r) in enumerate(zip(logits, requests))]
         if not self.keeps_hidden:
             return [Output(logits=row) for row in logits]
         return [Output(logits=row, hidden=hidden[index, : r.size]) for index, (row, r) in enumerate(zip(logits, requests))]
@@ -343,13 +354,18 @@ def accepts_slot_cache(loaded: LoadedModel) -> bool:
     return bool(getattr(loaded.model, "accepts_slot_cache", False))
 
 
-def full_stage(loaded: LoadedModel, rows: int, capacity: int, order: int) -> Any:
+def full_stage(loaded: LoadedModel, rows: int, capacity: int, order: int, taps: tuple[int, ...] | None = None) -> Any:
     """The batched forward of a whole model: direct where the family allows, else the module with the
-    slot store, else one forward per row."""
+    slot store, else one forward per row. ``taps``: boundary indices whose hidden states every
+    output carries (only the direct forward has them)."""
     from diagnostics.engine.fast_forward import DecoderParts, supports_direct_forward
+    from diagnostics.models import ModelError
 
     if supports_direct_forward(loaded):
-        return DirectStage(DecoderParts(loaded), SlotStore(rows, capacity), order=order)
+        return DirectStage(DecoderParts(loaded), SlotStore(rows, capacity), order=order, taps=taps)
+    if taps:
+        raise ModelError(f"draft heads read the target's hidden states, which this lab taps for Llama, Mistral and Qwen2 "
+                         f"targets only, not {loaded.model.__class__.__name__}: use model:ID, early-exit:L or ngram:N")
     if accepts_slot_cache(loaded):
         return ModuleStage(loaded, SlotStore(rows, capacity), order=order)
     return RowStage(loaded, order=order)

@@ -1,0 +1,40 @@
+"""``make-head``: write an EAGLE-3 head or Medusa heads with random weights for a target, in the
+layout ``--draft eagle3:DIR`` / ``--draft medusa:DIR`` (and vLLM, SGLang) load."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+
+def command_make_head(args: argparse.Namespace) -> int:
+    from diagnostics.heads.layout import load_head, make_head
+    from diagnostics.models import load_model
+
+    target = load_model(args.target, dtype=args.dtype, trust_remote_code=args.trust_remote_code)
+    out = make_head(args.kind, target, args.out, seed=args.seed, medusa_heads=args.heads, medusa_layers=args.layers,
+                    draft_vocab=args.draft_vocab)
+    head = load_head(args.kind, str(out), target)  # what was written loads back, checked against the target
+    print(json.dumps({"head": f"{args.kind}:{out}", "target": target.name, "taps": list(head.taps),
+                      "files": sorted(path.name for path in out.iterdir())}))
+    return 0
+
+
+def add_parser(commands: Any) -> None:
+    """The ``make-head`` command's options."""
+    make = commands.add_parser(
+        "make-head", help="write a random EAGLE-3 or Medusa head for a target (to try heads without a checkpoint)",
+        description="Random weights in the published on-disk layout: config.json and model.safetensors (EAGLE-3: fc, "
+                    "midlayer.*, norm, lm_head, d2t, t2d) or medusa_lm_head.safetensors. Draft with it by "
+                    "--draft eagle3:DIR or --draft medusa:DIR. Random heads draft poorly: acceptance is near zero.")
+    make.add_argument("kind", choices=["eagle3", "medusa"])
+    make.add_argument("--target", default="default", help="the target the head drafts for (default: the embedded model)")
+    make.add_argument("-o", "--out", required=True, metavar="DIR", help="a new folder for the head")
+    make.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    make.add_argument("--heads", type=int, default=4, help="Medusa: number of heads (drafts per block at most)")
+    make.add_argument("--layers", type=int, default=1, help="Medusa: residual blocks per head")
+    make.add_argument("--draft-vocab", type=int, default=None, help="EAGLE-3: draft vocabulary size (the target's first ids)")
+    make.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    make.add_argument("--trust-remote-code", action="store_true", help="allow the target's own code (off by default)")
+    make.set_defaults(handler=command_make_head)

@@ -1,0 +1,140 @@
+"""EAGLE-3 and Medusa heads: the on-disk layout, loading as untrusted input, the recorded ``q``
+against the head's law recomputed from scratch, the planted integration bugs, and the CLI.
+
+End-to-end losslessness with heads is in ``test_engine_lossless.py`` (at the chain test's power)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from diagnostics.cli import main
+from diagnostics.engine import EngineError, generate_batch
+from diagnostics.heads.check import check_run, reference_q
+from diagnostics.heads.eagle3 import ARCHITECTURE, default_taps
+from diagnostics.heads.layout import load_head, make_head
+from diagnostics.models import ModelError
+from diagnostics.policy import Policy
+from diagnostics.tiny import tiny_llama
+from tiny_models import save_tiny_model
+
+PROMPTS = [[1, 2, 3, 4], [1, 2, 3, 4], [5, 6], [7, 8, 9, 1, 2, 3]]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(0, vocab=12, layers=5, sharpness=2.0)
+
+
+@pytest.fixture(scope="module")
+def heads(target, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("heads")
+    return {kind: (make_head(kind, target, folder / kind, seed=1, scale=0.5), load_head(kind, str(folder / kind), target))
+            for kind in ("eagle3", "medusa")}
+
+
+def test_the_written_layout_is_the_published_one(heads, target) -> None:
+    from safetensors.torch import load_file
+
+    folder, head = heads["eagle3"]
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == [ARCHITECTURE] and config["num_hidden_layers"] == 1
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 2, 2] == list(default_taps(5))
+    state = load_file(str(folder / "model.safetensors"))
+    assert state["fc.weight"].shape == (32, 3 * 32)
+    assert state["midlayer.self_attn.q_proj.weight"].shape[1] == 2 * 32  # q/k/v read cat(embedding, hidden)
+    assert {"d2t", "t2d", "lm_head.weight", "norm.weight", "midlayer.hidden_norm.weight", "midlayer.mlp.down_proj.weight"} <= set(state)
+    assert state["d2t"].dtype == torch.int64 and state["t2d"].dtype == torch.bool
+    assert torch.equal(head.module.fc.weight, state["fc.weight"])
+    medusa_folder, medusa = heads["medusa"]
+    keys = set(load_file(str(medusa_folder / "medusa_lm_head.safetensors")))
+    assert {"0.0.linear.weight", "0.0.linear.bias", "0.1.weight", "3.1.weight"} <= keys
+    assert medusa.taps == (5,) and default_taps(32) == (2, 16, 29)
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "medusa"])
+def test_recorded_q_is_the_heads_law_recomputed_from_scratch(heads, target, kind) -> None:
+    """Rows of one batch with other prompts, rules and policies: every drafted position's q (at the
+    draft and its recorded top entries) equals the reference, which shares nothing with the engine."""
+    _, head = heads[kind]
+    policies = [Policy(temperature=0.8, top_k=6), Policy(), Policy(temperature=1.2, top_p=0.9), Policy(temperature=0.7)]
+    runs = generate_batch(target, head, PROMPTS, ["lossless", "lenience:0.5", "lossless", "cascade:0.3"], [1, 2, 3, 4],
+                          gamma=3, max_new_tokens=24, policies=policies, eos_token_id=[])
+    checks = [check_run(run, head, target) for run in runs]
+    assert all(check.verdict == "pass" for check in checks), [check.examples for check in checks]
+    assert sum(check.positions for check in checks) > 60 and max(check.max_error for check in checks) < 1e-5
+    assert sum(run.accepted for run in runs) > 0 and all(run.records[0].draft_token is None for run in runs)  # the target's own first token
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "medusa"])
+@pytest.mark.parametrize("planted", ["pairing_off_by_one", "wrong_taps"])
+def test_a_planted_integration_bug_is_flagged(heads, target, kind, planted) -> None:
+    """A state paired with the wrong token, or a layer's output read where its input was meant: the
+    output law stays exact (q is what was drawn from), so only the recomputed q can flag it."""
+    _, head = heads[kind]
+    runs = generate_batch(target, dataclasses.replace(head, planted=planted), PROMPTS[:2], seeds=[1, 2], gamma=3,
+                          max_new_tokens=16, eos_token_id=[])
+    checks = [check_run(run, head, target) for run in runs]
+    assert all(check.verdict == "fail" for check in checks)
+    assert min(check.mismatched / check.positions for check in checks) > 0.5 and max(c.max_error for c in checks) > 0.1
+
+
+def test_draft_vocabulary_maps_onto_the_targets_ids(target, tmp_path) -> None:
+    """A draft vocabulary of 5 ids spread over the target's 12 (d2t offsets): q is zero elsewhere."""
+    folder = make_head("eagle3", target, tmp_path / "h", draft_vocab=5, scale=0.5)
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(folder / "model.safetensors"))
+    chosen = torch.tensor([0, 3, 5, 8, 11])
+    state["d2t"] = chosen - torch.arange(5)
+    state["t2d"] = torch.zeros(12, dtype=torch.bool).index_fill_(0, chosen, True)
+    save_file(state, str(folder / "model.safetensors"))
+    head = load_head("eagle3", str(folder), target)
+    q_draft = reference_q(head, target, [1, 2, 3], [], Policy())
+    assert set(torch.nonzero(q_draft).flatten().tolist()) == set(chosen.tolist())
+    run = generate_batch(target, head, [[1, 2, 3]], seeds=[0], gamma=3, max_new_tokens=12, eos_token_id=[])[0]
+    assert all(record.draft_token in chosen.tolist() for record in run.records if record.draft_token is not None)
+    state["t2d"][1] = True  # t2d no longer marks exactly the mapped ids
+    save_file(state, str(folder / "model.safetensors"))
+    with pytest.raises(ModelError, match="d2t and t2d disagree"):
+        load_head("eagle3", str(folder), target)
+
+
+def test_bad_heads_are_one_line_errors(heads, tmp_path) -> None:
+    other = tiny_llama(0, vocab=12, layers=5, sharpness=2.0)
+    other.model.config.hidden_size = 64  # a target of another width
+    with pytest.raises(ModelError, match="target_hidden_size is 32 but the target's is 64"):
+        load_head("eagle3", str(heads["eagle3"][0]), other)
+    with pytest.raises(ModelError, match="no head folder"):
+        load_head("medusa", str(tmp_path / "missing"), other)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text(json.dumps({"architectures": [ARCHITECTURE], "hidden_size": 32}))
+    (broken / "model.safetensors").write_bytes(b"not a checkpoint")
+    with pytest.raises(ModelError):
+        load_head("eagle3", str(broken), other)
+    with pytest.raises(ModelError, match="not empty"):
+        make_head("medusa", other, heads["medusa"][0])
+
+
+def test_trees_with_heads_are_refused_clearly(heads, target) -> None:
+    with pytest.raises(EngineError, match="trees with draft heads"):
+        generate_batch(target, heads["eagle3"][1], [[1, 2, 3]], tree="2,1", max_new_tokens=4)
+
+
+def test_make_head_and_run_from_the_cli(tmp_path, capsys) -> None:
+    model = save_tiny_model(tmp_path / "tiny", layers=4)
+    for kind in ("eagle3", "medusa"):
+        assert main(["make-head", kind, "--target", model, "-o", str(tmp_path / kind)]) == 0
+        made = json.loads(capsys.readouterr().out)
+        assert made["head"] == f"{kind}:{tmp_path / kind}"
+        assert main(["run", "--target", model, "--draft", made["head"], "--prompt", "w1 w2 w3", "--raw", "--max-new-tokens", "8",
+                     "--db", str(tmp_path / "runs.duckdb"), "--no-progress"]) == 0
+        result = json.loads(capsys.readouterr().out)
+        assert result["status"] == "complete" and result["draft"] == made["head"] and 1 <= result["tokens"] <= 8
+    assert main(["run", "--target", model, "--draft", "eagle3:" + str(tmp_path / "nowhere"), "--prompt", "w1", "--raw",
+                 "--db", str(tmp_path / "runs.duckdb")]) == 2
+    assert "no head folder" in capsys.readouterr().err
