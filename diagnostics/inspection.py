@@ -57,7 +57,7 @@ def models_to_load(run: dict[str, Any], trusted: tuple[str, ...] = ("default",))
         parsed = parse_draft(draft)  # the parse draft_model() loads by: "MODEL: x" is a model too
     except ModelError:
         parsed = None  # plain decoding, or a drafter nothing can load
-    if parsed is not None and parsed.kind == "model":
+    if parsed is not None and parsed.kind in ("model", "eagle3", "medusa"):
         named.append(parsed.value)
     return [name for name in dict.fromkeys(named) if name not in trusted]
 
@@ -79,14 +79,35 @@ def teacher_forced_laws(loaded: LoadedModel, prompt_ids: list[int], tokens: list
     return probabilities(fit_vocabulary(logits, vocab or loaded.vocab_size), policy)
 
 
-def draft_model(run: dict[str, Any], target: LoadedModel) -> LoadedModel | None:
-    """The run's draft model (``None`` for an n-gram draft); local files only, never the network."""
+def draft_model(run: dict[str, Any], target: LoadedModel) -> Any:
+    """The run's draft model, or its draft head (``heads.LoadedHead``), or ``None`` for an n-gram
+    draft; local files only, never the network."""
     draft = parse_draft(run["draft"])
     if draft.kind == "ngram":
         return None
     if draft.kind == "early-exit":
         return early_exit_model(target, int(draft.value))
+    if draft.kind in ("eagle3", "medusa"):
+        from diagnostics.heads.layout import load_head
+
+        return load_head(draft.kind, draft.value, target, local_only=True)
     return load_model(draft.value, device=target.device, local_only=True)
+
+
+def is_head(drafter: Any) -> bool:
+    """A draft head (EAGLE-3, Medusa) rather than a model: its ``q`` needs the target's hidden states."""
+    return hasattr(drafter, "taps") and hasattr(drafter, "module")
+
+
+def head_q(drafter: Any, target: LoadedModel, prompt: list[int], tokens: list[int], record: dict[str, Any],
+           policy: Policy) -> torch.Tensor:
+    """A head's ``q`` at a drafted record: the block began ``index_in_block`` tokens before it
+    (``heads.check.reference_q``: recomputed from the target's own forward)."""
+    from diagnostics.heads.check import reference_q
+
+    position, index = int(record["position"]), int(record.get("index_in_block") or 0)
+    begin = max(0, position - index)
+    return reference_q(drafter, target, list(prompt) + list(tokens[:begin]), list(tokens[begin:position]), policy)
 
 
 _LOAD = object()  # exact_laws' default: load the run's draft model itself
@@ -115,6 +136,8 @@ def exact_laws(run: dict[str, Any], record: dict[str, Any], target: LoadedModel,
         q_draft = torch.zeros(vocab, dtype=torch.float64)
         q_draft[int(record["draft_token"])] = 1.0
         return p_target, q_draft
+    if is_head(drafter):
+        return p_target, head_q(drafter, target, list(run["prompt_ids"]), tokens, record, _policy(run["draft_policy"]))
     return p_target, teacher_forced_laws(drafter, prefix, [], _policy(run["draft_policy"]), vocab)[0]
 
 
@@ -212,7 +235,9 @@ class RunLaws:
         self.policy = _policy(run["policy"])
         self.draft_policy = _policy(run["draft_policy"])
         self.p_rows = _Rows(target, ids, first, self.count)
-        self.q_rows = _Rows(drafter, ids, first, self.count) if drafter is not None else None
+        self.head = drafter if is_head(drafter) else None
+        self.target, self.prompt, self.tokens = target, prompt, tokens
+        self.q_rows = _Rows(drafter, ids, first, self.count) if drafter is not None and self.head is None else None
 
     def p_at(self, position: int) -> torch.Tensor:
         """``p(· | prompt, y_<t)`` under the run's policy, float64 over the target's vocabulary."""
@@ -225,6 +250,8 @@ class RunLaws:
             return None
         if not 0 <= int(record["draft_token"]) < self.vocab:  # a shared file's ids are untrusted
             raise ValueError(f"the run drafted token id {int(record['draft_token'])}, outside this target's vocabulary of {self.vocab}")
+        if self.head is not None:  # its own forward per position: a head's q depends on its block's drafts
+            return head_q(self.head, self.target, self.prompt, self.tokens, record, self.draft_policy)
         if self.q_rows is None:
             q_draft = torch.zeros(self.vocab, dtype=torch.float64)
             q_draft[int(record["draft_token"])] = 1.0

@@ -1,7 +1,8 @@
 """EAGLE-3 and Medusa heads: the on-disk layout, loading as untrusted input, the recorded ``q``
 against the head's law recomputed from scratch, the planted integration bugs, and the CLI.
 
-End-to-end losslessness with heads is in ``test_engine_lossless.py`` (at the chain test's power)."""
+End-to-end losslessness with heads is in ``test_engine_lossless.py`` (chains, at the chain test's power)
+and ``test_tree_lossless.py`` (trees)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 from diagnostics.cli import main
-from diagnostics.engine import EngineError, generate_batch
+from diagnostics.engine import generate_batch
 from diagnostics.heads.check import check_run, reference_q
 from diagnostics.heads.eagle3 import ARCHITECTURE, default_taps
 from diagnostics.heads.layout import load_head, make_head
@@ -120,9 +121,23 @@ def test_bad_heads_are_one_line_errors(heads, tmp_path) -> None:
         make_head("medusa", other, heads["medusa"][0])
 
 
-def test_trees_with_heads_are_refused_clearly(heads, target) -> None:
-    with pytest.raises(EngineError, match="trees with draft heads"):
-        generate_batch(target, heads["eagle3"][1], [[1, 2, 3]], tree="2,1", max_new_tokens=4)
+@pytest.mark.parametrize("kind", ["eagle3", "medusa"])
+@pytest.mark.parametrize("shape", [{"tree": "2,2,1"}, {"tree": "3,1", "tree_children": "sample"},
+                                   {"tree": "2,2", "tree_children": "sample-distinct"}, {"tree_budget": 6, "tree_depth": 3}],
+                         ids=["top 2,2,1", "sampled 3,1", "distinct 2,2", "budget 6 depth 3"])
+def test_head_trees_record_the_heads_law(heads, target, kind, shape) -> None:
+    """Trees drafted by a head (EAGLE-3: a tree mask in the head's own attention; Medusa: head d at
+    depth d): every emitted position's q is the head's law on the accepted path, and a planted
+    tap bug is flagged there too."""
+    _, head = heads[kind]
+    runs = generate_batch(target, head, PROMPTS, seeds=[1, 2, 3, 4], max_new_tokens=20, eos_token_id=[],
+                          policies=Policy(temperature=0.8), **shape)
+    checks = [check_run(run, head, target) for run in runs]
+    assert all(check.verdict == "pass" for check in checks), [check.examples for check in checks]
+    assert sum(run.accepted for run in runs) > 0 and sum(check.positions for check in checks) > 40
+    planted = generate_batch(target, dataclasses.replace(head, planted="wrong_taps"), PROMPTS[:1], seeds=[1],
+                             max_new_tokens=12, eos_token_id=[], **shape)[0]
+    assert check_run(planted, head, target).verdict == "fail"
 
 
 def test_make_head_and_run_from_the_cli(tmp_path, capsys) -> None:
@@ -138,3 +153,32 @@ def test_make_head_and_run_from_the_cli(tmp_path, capsys) -> None:
     assert main(["run", "--target", model, "--draft", "eagle3:" + str(tmp_path / "nowhere"), "--prompt", "w1", "--raw",
                  "--db", str(tmp_path / "runs.duckdb")]) == 2
     assert "no head folder" in capsys.readouterr().err
+
+
+def test_inspect_recomputes_a_stored_head_runs_q(tmp_path) -> None:
+    """A head run stored and reopened: Inspect's laws (all positions, and one position's) give the
+    recorded q; the head's folder is named among the models a shared file would make us load."""
+    from diagnostics.inspection import RunLaws, draft_model, exact_laws, models_to_load
+    from diagnostics.models import load_draft, load_model
+    from diagnostics.runner import RunRequest, record_run
+    from diagnostics.store import Store
+
+    model = save_tiny_model(tmp_path / "tiny", seed=1, layers=4)  # seed 0's target ends on EOS at once after this prompt
+    target = load_model(model)
+    store = Store(tmp_path / "runs.duckdb")
+    for kind in ("eagle3", "medusa"):
+        folder = make_head(kind, target, tmp_path / kind, scale=0.5)
+        spec = f"{kind}:{folder}"
+        request = RunRequest(prompt="w1 w2 w3 w4", raw=True, draft=spec, gamma=3, max_new_tokens=16, seed=4,
+                             policy=Policy(temperature=0.9))
+        run_id, _ = record_run(store, target, load_draft(spec, target), request)
+        run = store.get_run(run_id)
+        records = [row for row in store.positions(run_id).to_dict("records") if row["draft_token"] is not None]
+        assert records and str(folder) in models_to_load(run, trusted=(model,))
+        head = draft_model(run, target)
+        laws = RunLaws(run, list(run["tokens"]), target, head)
+        for record in records:
+            q_draft = laws.q_at(int(record["position"]), record)
+            assert abs(float(q_draft[int(record["draft_token"])]) - record["q_draft"]) < 1e-5
+        _, q_once = exact_laws(run, records[-1], target, head)
+        assert abs(float(q_once[int(records[-1]["draft_token"])]) - records[-1]["q_draft"]) < 1e-5

@@ -65,14 +65,22 @@ def try_model(spec: str) -> LoadedModel | None:
         return None
 
 
-def run_drafter(run: dict, target: LoadedModel) -> LoadedModel | None:
-    """The run's draft model, from the server's cache (``None`` for n-gram drafts)."""
+@st.cache_resource(max_entries=4, show_spinner="Loading the draft head…")
+def cached_head(draft_spec: str, target_name: str, _target: LoadedModel):
+    """A run's EAGLE-3 or Medusa head for ``target_name``, loaded once per server (local folders only)."""
+    return draft_model({"draft": draft_spec}, _target)
+
+
+def run_drafter(run: dict, target: LoadedModel):
+    """The run's draft model or head, from the server's cache (``None`` for n-gram drafts)."""
     draft = parse_draft(run["draft"])
     if draft.kind == "model":
         loaded = try_model(draft.value)
         if loaded is None:
             raise ModelError(f"the draft model {draft.value} is not available on this machine")
         return loaded
+    if draft.kind in ("eagle3", "medusa"):
+        return cached_head(draft.spec, target.name, target)
     return draft_model(run, target)
 
 

@@ -15,9 +15,11 @@ from views.common import default_target, show_error
 def draft_widget(prefix: str, target_layers: int | None) -> str | None:
     """The drafter spec. Early exit defaults to layer 26 on the embedded model and to the last but
     one layer of a shallower target (as the CLI does); an unknown depth allows up to 255."""
-    kind = st.selectbox("Draft", ["early-exit", "ngram", "model", "none"], key=f"{prefix}_draft_kind",
+    kind = st.selectbox("Draft", ["early-exit", "ngram", "model", "eagle3", "medusa", "none"], key=f"{prefix}_draft_kind",
                         help="early-exit: the target's first layers and its head; ngram: prompt lookup; "
-                             "model: another model with the same tokenizer; none: plain decoding.")
+                             "model: another model with the same tokenizer; eagle3 / medusa: a draft head on the target's "
+                             "hidden states (a folder in the published layout; make one with python -m diagnostics "
+                             "make-head); none: plain decoding.")
     if kind == "early-exit":
         high = max(1, (target_layers or 256) - 1)
         # Keyed by the depth, so a new target brings its own default instead of the old value.
@@ -29,6 +31,10 @@ def draft_widget(prefix: str, target_layers: int | None) -> str | None:
     if kind == "model":
         name = st.text_input("Draft model (hub id or local path)", key=f"{prefix}_draft_model")
         return f"model:{name.strip()}" if name.strip() else None
+    if kind in ("eagle3", "medusa"):
+        folder = st.text_input(f"{'EAGLE-3' if kind == 'eagle3' else 'Medusa'} head (folder or hub id)", key=f"{prefix}_head_{kind}",
+                               help="config.json and the weights in the layout the authors publish; chains only")
+        return f"{kind}:{folder.strip()}" if folder.strip() else None
     return None
 
 

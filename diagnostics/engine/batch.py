@@ -253,10 +253,6 @@ def generate_batch(
     source = _draft_source(draft, loaded)
     if source.kind == "object" and count > 1:
         raise EngineError("a drafter object keeps one sequence's state; give a draft spec or model to batch")
-    if spec is not None and source.kind == "head":
-        raise EngineError(f"{source.name} drafts chains here; trees with draft heads are not built yet: drop the tree shape")
-    if source.kind == "head" and draft_stop is not None:
-        raise EngineError("--draft-stop is for model and early-exit drafters; drop it with a draft head")
     if spec is not None and source.kind == "object" and not hasattr(source.custom, "propose_tree"):
         raise EngineError(f"the drafter {source.name!r} cannot draft trees; use early-exit:L, model:ID or ngram:N")
     rows = min(batch_size or count, count)

@@ -123,11 +123,13 @@ class TargetScorer:
         feed = committed[self.cached :]
         if not tree.tokens:
             output = yield Forward(self.stage, self.slot, self.cached, tokens=feed, keep=1)
+            self._keep_features(self.cached, output)
             self.cached += len(feed)
             return output.logits
         mask, positions = self.tree_inputs(len(committed), tree, torch.float32, self.cached)
         output = yield Forward(self.stage, self.slot, self.cached, tokens=feed + list(tree.tokens),
                                positions=positions[0], visible=mask[0, 0] == 0, keep=len(tree.tokens) + 1)
+        self._keep_features(self.cached, output)
         self.cached = len(committed) + len(tree.tokens)
         return output.logits
 
@@ -136,6 +138,8 @@ class TargetScorer:
         rows = self.path_rows(prefix_length, tree, path)
         if rows != list(range(len(rows))):
             self.stage.keep_rows(self.slot, rows)
+            if self._features is not None:  # a draft head's features follow the same rows
+                self._features = self._features[torch.tensor(rows, dtype=torch.long, device=self._features.device)]
         self.cached = len(rows)
 
 

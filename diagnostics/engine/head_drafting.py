@@ -23,6 +23,8 @@ from typing import Any
 import torch
 
 from diagnostics.engine.drafting import Asks, Draw, fit_vocabulary
+from diagnostics.engine.tree_attention import TokenTree
+from diagnostics.engine.tree_draft import DraftTree, TreeSpec, Uniform, finish, grow
 from diagnostics.heads.eagle3 import HeadCache
 from diagnostics.policy import Policy, probabilities
 
@@ -78,15 +80,7 @@ class HeadDrafter:
     def _eagle3(self, committed: list[int], features: torch.Tensor, known: int, count: int, draw: Draw, vocab: int,
                 eos: set[int]):
         head = self.head.module
-        start = min(self.pairs, known)
-        shift = 0 if self.planted == "pairing_off_by_one" else 1  # planted: g_s paired with x_s instead of x_{s+1}
-        if start < known:
-            fused = head.fuse(features[start:known])
-            last = head.step(self._embed(committed[start + shift : known + shift]), fused, start, self.cache)[-1]
-        else:  # every pair is cached: recompute the last one's output (its keys are already there)
-            fused = head.fuse(features[known - 1 : known])
-            last = head.step(self._embed(committed[known - 1 + shift : known + shift]), fused, known - 1, self.cache)[-1]
-        self.pairs = known
+        last = self._pairs_output(committed, features, known)
         tokens, laws = [], []
         for index in range(count):
             token, q_draft = self._draw(head.logits(last, vocab), index, draw, vocab)
@@ -98,10 +92,88 @@ class HeadDrafter:
         self.cache.cut(self.pairs)  # the draft pairs go; the next round pairs the target's own features
         return tokens, torch.stack(laws)
 
+    def _pairs_output(self, committed: list[int], features: torch.Tensor, known: int) -> torch.Tensor:
+        """EAGLE-3: run the head over the pairs ``(g_s, x_{s+1})`` not yet cached, ``s < known``; the last one's output."""
+        head = self.head.module
+        start = min(self.pairs, known - 1)  # at least the last pair, whose output the drafts start from
+        shift = 0 if self.planted == "pairing_off_by_one" else 1  # planted: g_s paired with x_s instead of x_{s+1}
+        fused = head.fuse(features[start:known])
+        last = head.step(self._embed(committed[start + shift : known + shift]), fused, start, self.cache)[-1]
+        self.pairs = known
+        return last
+
     def commit(self, length: int) -> None:
         """``length`` tokens are committed: the pairs that read only committed tokens stay cached."""
         self.pairs = min(self.pairs, max(0, length - 1))
         self.cache.cut(self.pairs)
+
+    def propose_tree(self, committed: list[int], spec: TreeSpec, uniform: Uniform, vocab: int, eos: set[int]) -> Asks:
+        """A tree of drafts (``tree_draft.grow``: fixed shapes, sampled children, budget trees).
+
+        Medusa: every node at depth ``d`` gets head ``d``'s law (heads do not read the path), so the
+        tree is at most ``medusa_num_heads`` deep. EAGLE-3: a level's nodes run through the head at
+        once, each on its parent's output and its own token, at position ``n − 2 + depth``, seeing
+        the committed pairs, its ancestors and itself (a tree mask in the head's attention)."""
+        yield from ()
+        features = self.scorer.features
+        known = len(committed) - 1
+        if features is None or known < 1 or features.shape[0] < known:
+            return _empty_tree(vocab)
+        if self.head.kind == "medusa":
+            heads = self.head.module
+            spec = spec.limited(heads.config.medusa_num_heads)
+            state = known - 2 if self.planted == "pairing_off_by_one" and known >= 2 else known - 1
+            hidden = self.norm(features[state].to(self.norm.weight.dtype))
+            laws = [probabilities(fit_vocabulary(logits, vocab), self.policy) for logits in heads.logits(hidden, spec.max_depth)]
+
+            def expand_medusa(built, level: list[int]):
+                yield from ()
+                return [laws[built.depths[node]] for node in level]  # children of a depth-d node: head d
+
+            built = yield from grow(spec, laws[0], expand_medusa, uniform, eos)
+            return finish(built, spec, vocab, 0)
+        return (yield from self._eagle3_tree(committed, features, known, spec, uniform, vocab, eos))
+
+    @torch.inference_mode()
+    def _eagle3_tree(self, committed: list[int], features: torch.Tensor, known: int, spec: TreeSpec, uniform: Uniform,
+                     vocab: int, eos: set[int]) -> Asks:
+        yield from ()
+        head = self.head.module
+        root = self._pairs_output(committed, features, known)
+        outputs = {-1: root}
+        root_law = probabilities(fit_vocabulary(head.logits(root, vocab), vocab), self.policy)
+
+        def expand_eagle(built, level: list[int]):
+            yield from ()
+            first = level[0]  # nodes are fed in creation order: cache rows known + node
+            hidden = torch.stack([outputs[built.parents[node]] for node in level])
+            positions = torch.tensor([known - 1 + built.depths[node] for node in level])
+            visible = torch.zeros(len(level), known + first + len(level), dtype=torch.bool)
+            visible[:, :known] = True
+            for row, node in enumerate(level):
+                ancestor = node
+                while ancestor >= 0:
+                    visible[row, known + ancestor] = True
+                    ancestor = built.parents[ancestor]
+            out = head.step(self._embed([built.tokens[node] for node in level]), hidden, known + first, self.cache,
+                            positions=positions, visible=visible)
+            for node, row in zip(level, out):
+                outputs[node] = row
+            return list(probabilities(fit_vocabulary(head.logits(out, vocab), vocab), self.policy))
+
+        built = yield from grow(spec, root_law, expand_eagle, uniform, eos)
+        self.cache.cut(self.pairs)
+        return finish(built, spec, vocab, 0)
+
+    def commit_tree(self, prefix_length: int, draft: DraftTree, path: list[int]) -> None:
+        """The round's draft pairs are forgotten; the next round pairs the target's features of the path."""
+        self.commit(prefix_length)
+
+
+def _empty_tree(vocab: int) -> DraftTree:
+    """No drafts (the first round, before the target has scored anything): the target emits alone."""
+    return DraftTree(tree=TokenTree(parents=(), tokens=()), q_laws=torch.zeros(1, vocab, dtype=torch.float64),
+                     q_token=[], u_draft=[], cache_rows=[])
 
 
 __all__ = ["HeadDrafter", "PLANTED"]

@@ -186,9 +186,12 @@ class Eagle3Head(nn.Module):
         return self.fc(taps.to(self.fc.weight.dtype))
 
     @torch.inference_mode()
-    def step(self, embeds: torch.Tensor, hidden: torch.Tensor, start: int, cache: HeadCache) -> torch.Tensor:
-        """The mid layer over ``n`` new pairs ``(hidden_s, embed(x_{s+1}))`` at positions ``start…``,
-        attending causally over ``cache`` (extended in place); returns the outputs ``o`` ``[n, H]``."""
+    def step(self, embeds: torch.Tensor, hidden: torch.Tensor, start: int, cache: HeadCache,
+             positions: torch.Tensor | None = None, visible: torch.Tensor | None = None) -> torch.Tensor:
+        """The mid layer over ``n`` new pairs ``(hidden_s, embed(x_{s+1}))`` written at cache rows
+        ``start…`` (``cache`` is cut there and extended in place), returning the outputs ``o`` ``[n, H]``.
+        By default they sit at rotary positions ``start…`` and attend causally; a tree level gives its
+        nodes' ``positions`` ``[n]`` and ``visible`` ``[n, start + n]`` (the prefix, its ancestors, itself)."""
         config, layer = self.config, self.midlayer
         dtype = self.fc.weight.dtype
         embeds, hidden = embeds.to(dtype), hidden.to(dtype)
@@ -196,8 +199,13 @@ class Eagle3Head(nn.Module):
         joint = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)
         attn = layer.self_attn
         heads, kv_heads, dim = config.num_attention_heads, config.num_key_value_heads, config.dim
-        cos, sin = self._table(start + count, joint)
-        cos, sin = cos[start : start + count], sin[start : start + count]
+        if positions is None:
+            cos, sin = self._table(start + count, joint)
+            cos, sin = cos[start : start + count], sin[start : start + count]
+        else:
+            cos, sin = self._table(int(positions.max()) + 1, joint)
+            index = positions.to(device=cos.device, dtype=torch.long)
+            cos, sin = cos.index_select(0, index), sin.index_select(0, index)
         queries = rotate(attn.q_proj(joint).view(count, heads, dim).transpose(0, 1), cos, sin)
         keys = rotate(attn.k_proj(joint).view(count, kv_heads, dim).transpose(0, 1), cos, sin)
         values = attn.v_proj(joint).view(count, kv_heads, dim).transpose(0, 1)
@@ -205,7 +213,9 @@ class Eagle3Head(nn.Module):
         cache.keys = keys if cache.keys is None else torch.cat([cache.keys, keys], dim=1)
         cache.values = values if cache.values is None else torch.cat([cache.values, values], dim=1)
         mask = None
-        if count > 1:  # query i (position start + i) sees keys 0 … start + i
+        if visible is not None:
+            mask = visible.to(device=hidden.device, dtype=torch.bool)
+        elif count > 1:  # query i (cache row start + i) sees rows 0 … start + i
             mask = torch.arange(cache.length, device=hidden.device)[None, :] <= torch.arange(start, start + count, device=hidden.device)[:, None]
         mixed = nn.functional.scaled_dot_product_attention(queries[None], cache.keys[None], cache.values[None], attn_mask=mask,
                                                            enable_gqa=heads != kv_heads)[0]

@@ -115,10 +115,12 @@ def _save(state: dict[str, torch.Tensor], path: Path) -> None:
     save_file({key: value.contiguous() for key, value in state.items()}, str(path))
 
 
-def _folder(path_or_id: str) -> Path:
+def _folder(path_or_id: str, local_only: bool = False) -> Path:
     path = Path(path_or_id).expanduser()
     if path.is_dir():
         return path
+    if local_only:
+        raise ModelError(f"the head {path_or_id!r} is not a folder on this machine (it is never fetched for a stored run)")
     if path.exists() or path_or_id.startswith((".", "/", "~")) or path_or_id.count("/") != 1:
         raise ModelError(f"no head folder at {path_or_id!r}: give a folder with config.json and weights, or a hub id "
                          "(owner/name); make one with python -m diagnostics make-head")
@@ -163,11 +165,12 @@ def _config(folder: Path) -> dict[str, Any]:
     return raw
 
 
-def load_head(kind: str, path_or_id: str, target: LoadedModel) -> LoadedHead:
-    """The head ``kind`` at ``path_or_id`` (a folder or hub id), checked against ``target``, on its device and dtype."""
+def load_head(kind: str, path_or_id: str, target: LoadedModel, local_only: bool = False) -> LoadedHead:
+    """The head ``kind`` at ``path_or_id`` (a folder or hub id; ``local_only``: a folder only),
+    checked against ``target``, on its device and dtype."""
     if kind not in KINDS:
         raise ModelError(f"unknown head kind {kind!r}: use eagle3 or medusa")
-    folder = _folder(path_or_id)
+    folder = _folder(path_or_id, local_only)
     raw = _config(folder)
     config = _text_config(target)
     layers, hidden, vocab = int(config.num_hidden_layers), int(config.hidden_size), int(target.vocab_size)

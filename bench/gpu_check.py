@@ -1,0 +1,156 @@
+"""One prepared GPU check on the embedded model: everything the lab does on CUDA, in float32 and bfloat16.
+
+Run by ``bench/gpu_check.sh`` (which installs nothing beyond the project's requirements). For each
+dtype it runs, timing each part, and prints one JSON summary on stdout (progress on stderr):
+
+- ``engine_audit``: the engine-level audit of our engine (early-exit:26 drafts, γ 3) on CUDA,
+  with its verdict, p-value and detectable TV;
+- ``tree_run``: one generation drafted as a 3,2,1 tree, lossless, with its tokens/s;
+- ``batched_sweep``: 32 coupled rows (lossless, lenience:0.5, cascade:0.3 and its baseline × 8
+  seeds) as one continuous batch, positions/s, against the same rows one at a time;
+- ``inspect_laws``: ``RunLaws`` (Inspect's exact p and q at every position of a 128-token run) on
+  CUDA against the same on CPU in float32 (the largest difference of any law entry);
+- ``bench``: ``python -m diagnostics bench --device cuda --quick`` (ratios against plain decoding
+  and Hugging Face ``generate`` measured in the same run).
+
+Budget: under 8 minutes on one GPU (``--budget-s`` stops starting new parts after that).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+PROMPT = "Explain in a few sentences why the sky is blue."
+
+
+def log(message: str) -> None:
+    print(f"[gpu_check {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def engine_audit(dtype: str, generations: int) -> dict:
+    from diagnostics.audit.suite import model_setup, run_engine_audit
+    from diagnostics.models import early_exit_model, load_model
+
+    setup = model_setup("default")
+    if dtype != "float32":
+        setup.target = load_model("default", dtype=dtype)
+        setup.draft = early_exit_model(setup.target, 26)
+    started = time.perf_counter()
+    result = run_engine_audit("ours", setup, generations=generations, max_new_tokens=16, gamma=3)
+    return {"verdict": result.verdict, "p_value": result.p_value, "tokens": result.tokens,
+            "detectable_tv": result.detectable_tv, "generations": generations, "seconds": time.perf_counter() - started,
+            "device": str(setup.target.device)}
+
+
+def tree_run(target) -> dict:
+    from diagnostics.engine import generate
+    from diagnostics.runner import encode_prompt
+
+    prompt = encode_prompt(target, PROMPT)
+    generate(target, "early-exit:26", prompt, tree="3,2,1", max_new_tokens=8, seed=0, record=False)  # warm-up
+    started = time.perf_counter()
+    run = generate(target, "early-exit:26", prompt, tree="3,2,1", max_new_tokens=128, seed=1, eos_token_id=[])
+    seconds = time.perf_counter() - started
+    return {"tokens": len(run.tokens), "seconds": seconds, "tokens_per_s": len(run.tokens) / seconds,
+            "rounds": run.blocks, "accepted": run.accepted, "mean_tv_target": run.mean("tv_target")}
+
+
+def batched_sweep(target) -> dict:
+    from diagnostics.engine import generate_batch
+    from diagnostics.runner import encode_prompt
+
+    prompt = encode_prompt(target, PROMPT)
+    rules = ["lossless", "lenience:0.5", "cascade:0.3", "lossless"]
+    rows = [(rule, seed) for seed in range(8) for rule in rules]
+    figures = {}
+    for size in (1, 32):
+        started = time.perf_counter()
+        runs = generate_batch(target, "early-exit:26", [prompt] * len(rows), [rule for rule, _ in rows],
+                              [seed for _, seed in rows], gamma=4, max_new_tokens=64, eos_token_id=[], batch_size=size)
+        seconds = time.perf_counter() - started
+        positions = sum(len(run.tokens) for run in runs)
+        figures[f"batch_{size}"] = {"positions": positions, "seconds": seconds, "positions_per_s": positions / seconds}
+    figures["speedup_32_vs_1"] = figures["batch_32"]["positions_per_s"] / figures["batch_1"]["positions_per_s"]
+    return figures
+
+
+def inspect_laws(target) -> dict:
+    import torch
+
+    from diagnostics.engine import generate
+    from diagnostics.inspection import RunLaws
+    from diagnostics.models import early_exit_model, load_model
+    from diagnostics.runner import encode_prompt
+
+    prompt = encode_prompt(target, PROMPT)
+    run = generate(target, "early-exit:26", prompt, max_new_tokens=128, seed=2, eos_token_id=[], record=False)
+    stored = {"prompt_ids": prompt, "policy": None, "draft_policy": None}
+    started = time.perf_counter()
+    laws = RunLaws(stored, run.tokens, target, early_exit_model(target, 26))
+    rows = [laws.p_at(position) for position in range(len(run.tokens))]
+    seconds = time.perf_counter() - started
+    cpu = load_model("default", device="cpu")
+    reference = RunLaws(stored, run.tokens, cpu, early_exit_model(cpu, 26))
+    difference = max(float((row.cpu() - reference.p_at(position)).abs().max()) for position, row in enumerate(rows))
+    return {"positions": len(rows), "seconds": seconds, "max_abs_difference_vs_cpu_float32": difference,
+            "device": str(rows[0].device) if rows else None, "cuda": torch.cuda.is_available()}
+
+
+def bench(dtype: str) -> dict:
+    out = Path("/tmp/gpu_check_bench.json")
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "diagnostics", "bench", "--device", "cuda", "--dtype", dtype, "--quick",
+                           "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=240)
+    figures = {"returncode": done.returncode, "seconds": time.perf_counter() - started}
+    if out.is_file():
+        figures["figures"] = json.loads(out.read_text())
+    else:
+        figures["stderr_tail"] = done.stderr[-2000:]
+    return figures
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--generations", type=int, default=120, help="engine audit generations per dtype")
+    parser.add_argument("--budget-s", type=float, default=450.0, help="start no new part after this many seconds")
+    args = parser.parse_args()
+    import torch
+
+    from diagnostics.models import load_model
+
+    began = time.perf_counter()
+    summary: dict = {"cuda": torch.cuda.is_available(), "torch": torch.__version__,
+                     "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None, "results": {}}
+    if not torch.cuda.is_available():
+        log("no CUDA device: the figures below are from the CPU and say nothing about a GPU")
+    for dtype in args.dtypes.split(","):
+        results = summary["results"].setdefault(dtype, {})
+        target = load_model("default", dtype=dtype)
+        parts = [("tree_run", lambda: tree_run(target)), ("batched_sweep", lambda: batched_sweep(target)),
+                 ("inspect_laws", lambda: inspect_laws(target)),
+                 ("engine_audit", lambda: engine_audit(dtype, args.generations)), ("bench", lambda: bench(dtype))]
+        for name, part in parts:
+            if time.perf_counter() - began > args.budget_s:
+                results[name] = {"skipped": "over the time budget"}
+                continue
+            log(f"{dtype}: {name}")
+            try:
+                results[name] = part()
+            except Exception as error:  # noqa: BLE001 - one part failing must not lose the others' figures
+                results[name] = {"error": f"{error.__class__.__name__}: {str(error)[:500]}"}
+    summary["seconds"] = time.perf_counter() - began
+    print(json.dumps(summary, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
