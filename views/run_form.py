@@ -33,7 +33,7 @@ def draft_widget(prefix: str, target_layers: int | None) -> str | None:
         return f"model:{name.strip()}" if name.strip() else None
     if kind in ("eagle3", "medusa"):
         folder = st.text_input(f"{'EAGLE-3' if kind == 'eagle3' else 'Medusa'} head (folder or hub id)", key=f"{prefix}_head_{kind}",
-                               help="config.json and the weights in the layout the authors publish; chains only")
+                               help="config.json and the weights in the layout the authors publish")
         return f"{kind}:{folder.strip()}" if folder.strip() else None
     return None
 
