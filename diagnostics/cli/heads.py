@@ -28,13 +28,13 @@ def add_parser(commands: Any) -> None:
         description="Random weights in the published on-disk layout: config.json and model.safetensors (EAGLE-3: fc, "
                     "midlayer.*, norm, lm_head, d2t, t2d) or medusa_lm_head.safetensors. Draft with it by "
                     "--draft eagle3:DIR or --draft medusa:DIR. Random heads draft poorly: acceptance is near zero.")
-    make.add_argument("kind", choices=["eagle3", "medusa"])
+    make.add_argument("kind", choices=["eagle3", "medusa"], help="eagle3 (one decoder layer on three tapped states) or medusa (residual heads)")
     make.add_argument("--target", default="default", help="the target the head drafts for (default: the embedded model)")
     make.add_argument("-o", "--out", required=True, metavar="DIR", help="a new folder for the head")
     make.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     make.add_argument("--heads", type=int, default=4, help="Medusa: number of heads (drafts per block at most)")
     make.add_argument("--layers", type=int, default=1, help="Medusa: residual blocks per head")
     make.add_argument("--draft-vocab", type=int, default=None, help="EAGLE-3: draft vocabulary size (the target's first ids)")
-    make.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    make.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="dtype the target is loaded in")
     make.add_argument("--trust-remote-code", action="store_true", help="allow the target's own code (off by default)")
     make.set_defaults(handler=command_make_head)
