@@ -12,8 +12,6 @@ the README gives the figures at 0.05 and the closing note the full-size runs.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import subprocess
@@ -58,24 +56,29 @@ def _server(speculative: bool, log: Path):
 
 @pytest.fixture(scope="module")
 def collected(tmp_path_factory):
-    """Generations of both servers (one at a time; one thread each: two threads made a request 4×
-    slower here), collected by ``audit --endpoint``, which then audits them against the local target."""
+    """Generations of both servers, collected at the same time by two ``audit --endpoint`` processes,
+    each auditing its own against the local target. One thread per server: on 2 cores the two
+    servers then run side by side (two threads in one server made a request 4× slower here)."""
     folder = tmp_path_factory.mktemp("llama")
     prompts = folder / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": prompt}) + "\n" for prompt in PROMPTS))
-    files = {}
-    for speculative, seed in ((True, 0), (False, 100_000)):
-        process, url = _server(speculative, folder / f"server-{speculative}.log")
-        try:
+    servers, jobs, files = [], {}, {}
+    try:
+        for speculative, seed in ((True, 0), (False, 100_000)):
+            process, url = _server(speculative, folder / f"server-{speculative}.log")
+            servers.append(process)
             out = folder / f"{'on' if speculative else 'off'}.jsonl"
-            printed = io.StringIO()
-            with contextlib.redirect_stdout(printed):
-                code = main(["audit", "--endpoint", url, "--model", "smollm2", "--prompts", str(prompts), "--n", str(PER_PROMPT),
-                             "--max-tokens", "16", "--temperature", "0.7", "--target", "default", "--detect-tv", "0.1",
-                             "--seed", str(seed), "--out", str(out)])
-            assert code == 0
-            files[speculative] = (out, json.loads(printed.getvalue()))
-        finally:
+            command = [sys.executable, "-m", "diagnostics", "audit", "--endpoint", url, "--model", "smollm2", "--prompts",
+                       str(prompts), "--n", str(PER_PROMPT), "--max-tokens", "16", "--temperature", "0.7", "--target", "default",
+                       "--detect-tv", "0.1", "--seed", str(seed), "--out", str(out)]
+            jobs[speculative] = (out, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                                       env={**os.environ, "OMP_NUM_THREADS": "1"}))
+        for speculative, (out, job) in jobs.items():
+            stdout, stderr = job.communicate(timeout=600)
+            assert job.returncode == 0, stderr[-2000:]
+            files[speculative] = (out, json.loads(stdout.strip().splitlines()[-1]))
+    finally:
+        for process in servers:
             process.terminate()
             process.wait(timeout=30)
     return files
