@@ -5,9 +5,9 @@ dtype it runs, timing each part, and prints one JSON summary on stdout (progress
 
 - ``engine_audit``: the engine-level audit of our engine (early-exit:26 drafts, γ 3) on CUDA,
   with its verdict, p-value and detectable TV;
-- ``tree_run``: one generation drafted as a 3,2,1 tree, lossless, with its tokens/s;
-- ``batched_sweep``: 32 coupled rows (lossless, lenience:0.5, cascade:0.3 and its baseline × 8
-  seeds) as one continuous batch, positions/s, against the same rows one at a time;
+- ``tree_run``: one generation (``--tokens``, 128) drafted as a 3,2,1 tree, lossless, with its tokens/s;
+- ``batched_sweep``: 32 coupled rows of 64 tokens (lossless, lenience:0.5, cascade:0.3 and a
+  second lossless row × 8 seeds) as one continuous batch, positions/s, against the same rows one at a time;
 - ``inspect_laws``: ``RunLaws`` (Inspect's exact p and q at every position of a 128-token run) on
   CUDA against the same on CPU in float32 (the largest difference of any law entry);
 - ``bench``: ``python -m diagnostics bench --device cuda --quick`` (ratios against plain decoding
@@ -50,20 +50,20 @@ def engine_audit(dtype: str, generations: int) -> dict:
             "device": str(setup.target.device)}
 
 
-def tree_run(target) -> dict:
+def tree_run(target, tokens: int) -> dict:
     from diagnostics.engine import generate
     from diagnostics.runner import encode_prompt
 
     prompt = encode_prompt(target, PROMPT)
     generate(target, "early-exit:26", prompt, tree="3,2,1", max_new_tokens=8, seed=0, record=False)  # warm-up
     started = time.perf_counter()
-    run = generate(target, "early-exit:26", prompt, tree="3,2,1", max_new_tokens=128, seed=1, eos_token_id=[])
+    run = generate(target, "early-exit:26", prompt, tree="3,2,1", max_new_tokens=tokens, seed=1, eos_token_id=[])
     seconds = time.perf_counter() - started
     return {"tokens": len(run.tokens), "seconds": seconds, "tokens_per_s": len(run.tokens) / seconds,
             "rounds": run.blocks, "accepted": run.accepted, "mean_tv_target": run.mean("tv_target")}
 
 
-def batched_sweep(target) -> dict:
+def batched_sweep(target, tokens: int) -> dict:
     from diagnostics.engine import generate_batch
     from diagnostics.runner import encode_prompt
 
@@ -74,7 +74,7 @@ def batched_sweep(target) -> dict:
     for size in (1, 32):
         started = time.perf_counter()
         runs = generate_batch(target, "early-exit:26", [prompt] * len(rows), [rule for rule, _ in rows],
-                              [seed for _, seed in rows], gamma=4, max_new_tokens=64, eos_token_id=[], batch_size=size)
+                              [seed for _, seed in rows], gamma=4, max_new_tokens=tokens, eos_token_id=[], batch_size=size)
         seconds = time.perf_counter() - started
         positions = sum(len(run.tokens) for run in runs)
         figures[f"batch_{size}"] = {"positions": positions, "seconds": seconds, "positions_per_s": positions / seconds}
@@ -82,7 +82,7 @@ def batched_sweep(target) -> dict:
     return figures
 
 
-def inspect_laws(target) -> dict:
+def inspect_laws(target, tokens: int) -> dict:
     import torch
 
     from diagnostics.engine import generate
@@ -91,7 +91,7 @@ def inspect_laws(target) -> dict:
     from diagnostics.runner import encode_prompt
 
     prompt = encode_prompt(target, PROMPT)
-    run = generate(target, "early-exit:26", prompt, max_new_tokens=128, seed=2, eos_token_id=[], record=False)
+    run = generate(target, "early-exit:26", prompt, max_new_tokens=tokens, seed=2, eos_token_id=[], record=False)
     stored = {"prompt_ids": prompt, "policy": None, "draft_policy": None}
     started = time.perf_counter()
     laws = RunLaws(stored, run.tokens, target, early_exit_model(target, 26))
@@ -122,6 +122,7 @@ def main() -> int:
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--generations", type=int, default=120, help="engine audit generations per dtype")
     parser.add_argument("--budget-s", type=float, default=450.0, help="start no new part after this many seconds")
+    parser.add_argument("--tokens", type=int, default=128, help="tokens of the tree run and Inspect's run; half in the sweep")
     args = parser.parse_args()
     import torch
 
@@ -135,8 +136,9 @@ def main() -> int:
     for dtype in args.dtypes.split(","):
         results = summary["results"].setdefault(dtype, {})
         target = load_model("default", dtype=dtype)
-        parts = [("tree_run", lambda: tree_run(target)), ("batched_sweep", lambda: batched_sweep(target)),
-                 ("inspect_laws", lambda: inspect_laws(target)),
+        parts = [("tree_run", lambda: tree_run(target, args.tokens)),
+                 ("batched_sweep", lambda: batched_sweep(target, max(1, args.tokens // 2))),
+                 ("inspect_laws", lambda: inspect_laws(target, args.tokens)),
                  ("engine_audit", lambda: engine_audit(dtype, args.generations)), ("bench", lambda: bench(dtype))]
         for name, part in parts:
             if time.perf_counter() - began > args.budget_s:

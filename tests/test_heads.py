@@ -83,6 +83,15 @@ def test_a_planted_integration_bug_is_flagged(heads, target, kind, planted) -> N
     assert min(check.mismatched / check.positions for check in checks) > 0.5 and max(c.max_error for c in checks) > 0.1
 
 
+def test_medusa_drafts_no_deeper_than_its_heads(heads, target) -> None:
+    from diagnostics.engine import EngineError
+
+    with pytest.raises(EngineError, match="at most 4 tokens deep .* give --gamma 4 or less, not 5"):
+        generate_batch(target, heads["medusa"][1], [[1, 2, 3]], gamma=5, max_new_tokens=4)
+    with pytest.raises(EngineError, match="give a tree of depth 4 or less, not 5"):
+        generate_batch(target, heads["medusa"][1], [[1, 2, 3]], tree="1,1,1,1,1", max_new_tokens=4)
+
+
 def test_draft_vocabulary_maps_onto_the_targets_ids(target, tmp_path) -> None:
     """A draft vocabulary of 5 ids spread over the target's 12 (d2t offsets): q is zero elsewhere."""
     folder = make_head("eagle3", target, tmp_path / "h", draft_vocab=5, scale=0.5)

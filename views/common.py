@@ -223,6 +223,10 @@ def _default_cost_ratio(run: dict, target: LoadedModel | None) -> tuple[float, s
         layers = layer_count(target_spec(run))
         if layers:
             return int(draft.value) / layers, "layer count L/N (models not loaded)"
+    if draft.kind in ("eagle3", "medusa"):
+        layers = layer_count(target_spec(run))
+        if layers:
+            return 1 / layers, "a head costs about one of the target's N layers, 1/N (models not loaded)"
     return 0.5, "a guess (models not loaded)"
 
 
@@ -248,7 +252,9 @@ def cost_ratio_input(run: dict, target: LoadedModel | None, key: str, container)
         source = f"{source}, {start:.3g} shown as {min(max(start, 0.0), MAX_COST_RATIO):g}"
         start = min(max(start, 0.0), MAX_COST_RATIO)
     return container.number_input("draft/target cost c", 0.0, MAX_COST_RATIO, round(float(start), 3), 0.01, format="%.3f",  # literal-ok: source: constant strings of _default_cost_ratio and numbers
-                                  key=f"{key}_cost_{run['run_id']}",
+                                  # Keyed by whether the models are loaded: loading them brings the measured
+                                  # default, which a box kept from before would hide behind the old guess.
+                                  key=f"{key}_cost_{run['run_id']}_{'measured' if target is not None else 'guess'}",
                                   help=f"Time of one draft step over one target step; default: {source}. "
                                        "Type your hardware's ratio to model its speed-up.")
 

@@ -251,6 +251,12 @@ def generate_batch(
             on_round=None if on_round is None else (lambda rnd, nodes, _i=index: on_round(_i, rnd, nodes)),
         ))
     source = _draft_source(draft, loaded)
+    if source.kind == "head" and source.head.kind == "medusa":
+        heads = source.head.module.config.medusa_num_heads
+        if gamma > heads:  # for a tree, gamma is its depth
+            what = "a tree of depth" if spec is not None else "--gamma"
+            raise EngineError(f"these Medusa heads draft at most {heads} tokens deep (one per head): "
+                              f"give {what} {heads} or less, not {gamma}")
     if source.kind == "object" and count > 1:
         raise EngineError("a drafter object keeps one sequence's state; give a draft spec or model to batch")
     if spec is not None and source.kind == "object" and not hasattr(source.custom, "propose_tree"):
