@@ -107,7 +107,10 @@ def inspect_laws(target, tokens: int) -> dict:
 def bench(dtype: str) -> dict:
     out = Path("/tmp/gpu_check_bench.json")
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "diagnostics", "bench", "--device", "cuda", "--dtype", dtype, "--quick",
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # a CPU smoke run of this script still runs every part
+    done = subprocess.run([sys.executable, "-m", "diagnostics", "bench", "--device", device, "--dtype", dtype, "--quick",
                            "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=240)
     figures = {"returncode": done.returncode, "seconds": time.perf_counter() - started}
     if out.is_file():

@@ -140,7 +140,12 @@ def load_model(
 
     hf_logging.disable_progress_bar()  # the CLI draws its own progress; pages show a spinner
     torch_dtype = _resolve_dtype(dtype)
-    target_device = torch.device(device) if device is not None else default_device()
+    try:
+        target_device = torch.device(device) if device is not None else default_device()
+    except (RuntimeError, TypeError):
+        raise ModelError(f"unknown device {str(device)[:40]!r}: use cpu, cuda or cuda:N") from None
+    if target_device.type == "cuda" and not torch.cuda.is_available():
+        raise ModelError(f"--device {device}: this torch ({torch.__version__}) sees no CUDA device; drop --device to run on the CPU")
     if not spec or not spec.strip():
         raise ModelError("empty model name; use 'default', a Hugging Face id or a local path")
     spec = spec.strip()

@@ -484,3 +484,15 @@ def test_replay_of_a_missing_id_through_the_command_line(tiny_folder: str, tmp_p
                              cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert process.returncode == 2 and not process.stdout
     assert process.stderr == f"error: there is no run 'ghost' in {db}; check the id, or pass --db the file that holds it\n"
+
+
+def test_a_device_this_machine_lacks_is_a_one_line_error(capsys) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")  # the error is for machines without it
+    assert main(["run", "--device", "cuda", "--prompt", "hi"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("error: --device cuda: this torch") and len(error.splitlines()) == 1
+    assert main(["run", "--device", "gpu0", "--prompt", "hi"]) == 2
+    assert "unknown device 'gpu0'" in capsys.readouterr().err
