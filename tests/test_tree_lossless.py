@@ -26,11 +26,18 @@ LEVEL = 1e-3
 POWER = 0.95
 N = required_samples(0.01, dof=VOCAB**2 - 1, level=LEVEL, target_power=POWER)
 
+THREE = (1, 2, 0, 1, 2, 0, 1, 2)  # a prompt over 3 tokens
+
 SETUPS = {
     "top-k children, tree 2,2,1, top-k 3 at T 0.9": Setup(draft="model", gamma=0, start=1, tree=(2, 2, 1), children="top",
                                                           policy={"top_k": 3, "temperature": 0.9}),
     "sampled children, tree 2,2,1": Setup(draft="model", gamma=0, start=1, tree=(2, 2, 1), children="sample"),
     "sampled without replacement, tree 3,1": Setup(draft="model", gamma=0, start=1, tree=(3, 1), children="sample-distinct"),
+    # Draft heads on a 4-layer tiny Llama over 3 tokens (dof 8: 93,880 windows give the same power).
+    "EAGLE-3 head, top-k children, tree 2,1 at T 0.9": Setup(draft="eagle3", gamma=0, start=1, vocab=3, prompt=THREE,
+                                                             tree=(2, 1), children="top", policy={"temperature": 0.9}),
+    "Medusa heads, sampled children, tree 2,2": Setup(draft="medusa", gamma=0, start=1, vocab=3, prompt=THREE, tree=(2, 2),
+                                                      children="sample"),
 }
 
 PLANTED = {
@@ -44,14 +51,21 @@ PLANTED = {
 }
 
 
+def samples_for(setup: Setup) -> int:
+    """Windows that catch a TV of 0.01 with probability ``POWER`` (dof ``V² − 1`` of the setup's vocabulary)."""
+    return required_samples(0.01, dof=setup.vocab**2 - 1, level=LEVEL, target_power=POWER)
+
+
 def test_sample_size_catches_one_percent() -> None:
     assert power(N, 0.01, VOCAB**2 - 1, LEVEL) >= POWER
+    for setup in SETUPS.values():
+        assert power(samples_for(setup), 0.01, setup.vocab**2 - 1, LEVEL) >= POWER
 
 
 @pytest.mark.parametrize("label", list(SETUPS))
 def test_tree_engine_is_lossless(label: str) -> None:
     setup = SETUPS[label]
-    result = gof_tokens(sample_windows(setup, N, first_seed=0), exact_window_law(setup))
+    result = gof_tokens(sample_windows(setup, samples_for(setup), first_seed=0), exact_window_law(setup))
     assert result.impossible == 0, f"{label}: emitted a window the target forbids"
     assert result.p_value >= LEVEL, f"{label}: X²={result.statistic:.1f}, dof={result.dof}, p={result.p_value:.2e}"
 
