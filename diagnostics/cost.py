@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from diagnostics.models import LoadedModel
+from diagnostics.models import LoadedModel, is_draft_head
 
 
 @torch.inference_mode()
@@ -65,7 +65,7 @@ def draft_cost_ratio(target: LoadedModel, drafter, context: list[int], steps: in
     if drafter is None:
         return 0.0
     context = list(context)[-32:] or [0]
-    if hasattr(drafter, "taps") and hasattr(drafter, "module"):
+    if is_draft_head(drafter):
         step_seconds(target, context, 1)
         return head_step_seconds(drafter, target, steps) / step_seconds(target, context, steps)
     step_seconds(target, context, 1)  # warm-up: first calls pay for allocation

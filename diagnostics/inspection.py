@@ -17,7 +17,7 @@ import torch
 
 from diagnostics.explain import StepView, explain_step
 from diagnostics.engine.drafting import fit_vocabulary
-from diagnostics.models import EMBEDDED_NAME, LoadedModel, ModelError, early_exit_model, load_model, parse_draft
+from diagnostics.models import EMBEDDED_NAME, LoadedModel, ModelError, early_exit_model, is_draft_head, load_model, parse_draft
 from diagnostics.policy import Policy, probabilities
 from diagnostics.rules import get_rule
 
@@ -94,11 +94,6 @@ def draft_model(run: dict[str, Any], target: LoadedModel) -> Any:
     return load_model(draft.value, device=target.device, local_only=True)
 
 
-def is_head(drafter: Any) -> bool:
-    """A draft head (EAGLE-3, Medusa) rather than a model: its ``q`` needs the target's hidden states."""
-    return hasattr(drafter, "taps") and hasattr(drafter, "module")
-
-
 def head_q(drafter: Any, target: LoadedModel, prompt: list[int], tokens: list[int], record: dict[str, Any],
            policy: Policy) -> torch.Tensor:
     """A head's ``q`` at a drafted record: the block began ``index_in_block`` tokens before it
@@ -136,7 +131,7 @@ def exact_laws(run: dict[str, Any], record: dict[str, Any], target: LoadedModel,
         q_draft = torch.zeros(vocab, dtype=torch.float64)
         q_draft[int(record["draft_token"])] = 1.0
         return p_target, q_draft
-    if is_head(drafter):
+    if is_draft_head(drafter):
         return p_target, head_q(drafter, target, list(run["prompt_ids"]), tokens, record, _policy(run["draft_policy"]))
     return p_target, teacher_forced_laws(drafter, prefix, [], _policy(run["draft_policy"]), vocab)[0]
 
@@ -235,7 +230,7 @@ class RunLaws:
         self.policy = _policy(run["policy"])
         self.draft_policy = _policy(run["draft_policy"])
         self.p_rows = _Rows(target, ids, first, self.count)
-        self.head = drafter if is_head(drafter) else None
+        self.head = drafter if is_draft_head(drafter) else None
         self.target, self.prompt, self.tokens = target, prompt, tokens
         self.q_rows = _Rows(drafter, ids, first, self.count) if drafter is not None and self.head is None else None
 

@@ -236,6 +236,14 @@ class DraftSpec:
         return f"{self.kind}:{self.value}"
 
 
+def is_draft_head(draft: Any) -> bool:
+    """An EAGLE-3 or Medusa head: a spec ``eagle3:…``/``medusa:…`` or a loaded ``heads.LoadedHead``
+    (its ``q`` needs the target's hidden states, so it is handled apart from draft models)."""
+    if isinstance(draft, str):
+        return draft.strip().lower().startswith(("eagle3:", "medusa:"))
+    return hasattr(draft, "taps") and hasattr(draft, "module")
+
+
 def parse_draft(spec: str) -> DraftSpec:
     """Parse ``model:ID_OR_PATH``, ``early-exit:LAYER``, ``ngram:N``, ``eagle3:PATH_OR_ID`` or ``medusa:PATH_OR_ID``."""
     kind, _, value = spec.strip().partition(":")

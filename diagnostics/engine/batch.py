@@ -40,7 +40,15 @@ from diagnostics.engine.settings import (
 )
 from diagnostics.engine.tree import tree_row
 from diagnostics.engine.tree_draft import TreeSpec
-from diagnostics.models import LoadedModel, check_vocabularies, early_exit_model, load_model, parse_draft, wrap_model
+from diagnostics.models import (
+    LoadedModel,
+    check_vocabularies,
+    early_exit_model,
+    is_draft_head,
+    load_model,
+    parse_draft,
+    wrap_model,
+)
 from diagnostics.policy import Policy
 from diagnostics.rules import Rule, get_rule
 
@@ -109,7 +117,7 @@ def _draft_source(draft: Any, target: LoadedModel) -> _DraftSource:
         loaded = load_model(spec.value, device=target.device)
         check_vocabularies(target, loaded)
         return _DraftSource("model", name=spec.spec, loaded=loaded)
-    if hasattr(draft, "taps") and hasattr(draft, "module"):  # a heads.LoadedHead
+    if is_draft_head(draft):  # a heads.LoadedHead
         return _DraftSource("head", name=draft.name, head=draft)
     if hasattr(draft, "propose") and hasattr(draft, "commit"):
         return _DraftSource("object", name=getattr(draft, "name", None), custom=draft)

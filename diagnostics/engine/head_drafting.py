@@ -45,13 +45,20 @@ class HeadDrafter:
 
     def propose(self, committed: list[int], count: int, draw: Draw, vocab: int, eos: set[int]) -> Asks:
         yield from ()
-        features = self.scorer.features
-        known = len(committed) - 1  # features needed: positions 0 … n − 2
-        if features is None or known < 1 or features.shape[0] < known:
+        features, known = self._features(committed)
+        if features is None:
             return [], torch.empty(0, vocab, dtype=torch.float64)
         if self.head.kind == "medusa":
             return self._medusa(features, known, count, draw, vocab, eos)
         return self._eagle3(committed, features, known, count, draw, vocab, eos)
+
+    def _features(self, committed: list[int]) -> tuple[torch.Tensor | None, int]:
+        """The target's features of positions ``0 … n − 2`` and ``n − 1`` (``known``); ``None`` before
+        the target has scored them (the first round)."""
+        features, known = self.scorer.features, len(committed) - 1
+        if features is None or known < 1 or features.shape[0] < known:
+            return None, known
+        return features, known
 
     def _embed(self, tokens: list[int]) -> torch.Tensor:
         return self.embed(torch.tensor(tokens, dtype=torch.long, device=self.embed.weight.device))
@@ -115,9 +122,8 @@ class HeadDrafter:
         once, each on its parent's output and its own token, at position ``n − 2 + depth``, seeing
         the committed pairs, its ancestors and itself (a tree mask in the head's attention)."""
         yield from ()
-        features = self.scorer.features
-        known = len(committed) - 1
-        if features is None or known < 1 or features.shape[0] < known:
+        features, known = self._features(committed)
+        if features is None:
             return _empty_tree(vocab)
         if self.head.kind == "medusa":
             heads = self.head.module

@@ -7,7 +7,7 @@ from __future__ import annotations
 import operator
 from typing import Any
 
-from diagnostics.models import LoadedModel
+from diagnostics.models import LoadedModel, is_draft_head
 from diagnostics.rules import Rule
 from diagnostics.engine.tree_draft import TreeSpec, parse_tree
 
@@ -42,15 +42,8 @@ def check_draft_stop(draft_stop: float | None, draft: Any) -> None:
     if isinstance(draft, str) and draft.strip().lower().startswith("ngram"):
         raise EngineError("--draft-stop reads the draft's confidence q(x); an n-gram draft is a point mass (q(x) = 1): "
                           "use a model or early-exit drafter")
-    if _is_head(draft):
+    if is_draft_head(draft):
         raise EngineError("--draft-stop is for model and early-exit drafters; drop it with an EAGLE-3 or Medusa head")
-
-
-def _is_head(draft: Any) -> bool:
-    """An EAGLE-3 or Medusa head: a spec ``eagle3:…``/``medusa:…`` or a loaded head."""
-    if isinstance(draft, str):
-        return draft.strip().lower().startswith(("eagle3:", "medusa:"))
-    return hasattr(draft, "taps") and hasattr(draft, "module")
 
 
 def tree_spec_or_error(tree: Any, budget: Any, depth: Any, children: str | None) -> TreeSpec | None:
