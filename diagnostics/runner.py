@@ -119,7 +119,7 @@ def request_from_run(run: dict[str, Any]) -> RunRequest:
         raise ValueError(f"run {run.get('run_id')!r} has an unusable tree ({error}); it cannot be replayed") from None
     tree_fields = {}
     if spec is not None:
-        tree_fields = ({"tree": spec.text} if spec.branching else {"tree_budget": spec.budget, "tree_depth": spec.depth})
+        tree_fields = ({"tree": spec.text} if spec.fixed else {"tree_budget": spec.budget, "tree_depth": spec.depth})
         tree_fields["tree_children"] = spec.children
     return RunRequest(
         prompt=run["prompt"], rule=run["rule"], draft=draft_spec, gamma=int(run.get("gamma") or 0),

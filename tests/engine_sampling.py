@@ -37,7 +37,7 @@ class Setup:
     vocab: int = 4
     prompt: tuple[int, ...] = (1, 2, 3, 1, 2, 3, 1, 2)
     planted: str | None = None  # "rollback": keep one stale token in the caches; or a TREE_MUTANTS or BATCH_MUTANTS name
-    tree: tuple[int, ...] | None = None  # a tree shape K1,…,Kd instead of the chain of gamma
+    tree: tuple[int, ...] | str | None = None  # a tree shape K1,…,Kd (or sparse paths "[[0],[1],[0,0]]") instead of the chain
     children: str = "top"
     budget: int | None = None  # a budget tree of this many nodes (depth: gamma)
     draft_stop: float | None = None  # adaptive drafting: end a block after a draft x with q(x) below this

@@ -132,8 +132,9 @@ def test_bad_heads_are_one_line_errors(heads, tmp_path) -> None:
 
 @pytest.mark.parametrize("kind", ["eagle3", "medusa"])
 @pytest.mark.parametrize("shape", [{"tree": "2,2,1"}, {"tree": "3,1", "tree_children": "sample"},
-                                   {"tree": "2,2", "tree_children": "sample-distinct"}, {"tree_budget": 6, "tree_depth": 3}],
-                         ids=["top 2,2,1", "sampled 3,1", "distinct 2,2", "budget 6 depth 3"])
+                                   {"tree": "2,2", "tree_children": "sample-distinct"}, {"tree_budget": 6, "tree_depth": 3},
+                                   {"tree": "[[0],[1],[2],[0,0],[0,1],[1,0],[0,0,0]]"}],
+                         ids=["top 2,2,1", "sampled 3,1", "distinct 2,2", "budget 6 depth 3", "sparse medusa_choices"])
 def test_head_trees_record_the_heads_law(heads, target, kind, shape) -> None:
     """Trees drafted by a head (EAGLE-3: a tree mask in the head's own attention; Medusa: head d at
     depth d): every emitted position's q is the head's law on the accepted path, and a planted
@@ -147,6 +148,24 @@ def test_head_trees_record_the_heads_law(heads, target, kind, shape) -> None:
     planted = generate_batch(target, dataclasses.replace(head, planted="wrong_taps"), PROMPTS[:1], seeds=[1],
                              max_new_tokens=12, eos_token_id=[], **shape)[0]
     assert check_run(planted, head, target).verdict == "fail"
+
+
+def test_medusa_heads_can_start_where_medusa_training_does(target, tmp_path) -> None:
+    """``init="target"``: residual blocks zero (``x + SiLU(0) = x``) and each head the target's
+    ``lm_head``, so every head's logits at a state are the target's own; EAGLE-3 has no such start."""
+    folder = make_head("medusa", target, tmp_path / "medusa", init="target")
+    head = load_head("medusa", str(folder), target)
+    assert json.loads((folder / "config.json").read_text())["init"] == "target"
+    state = torch.randn(3, 32, generator=torch.Generator().manual_seed(0))
+    expected = target.model.get_output_embeddings()(state).float()
+    for row in state.unbind(0):
+        assert torch.allclose(head.module.logits(row, 4), expected[None, state.tolist().index(row.tolist())].expand(4, -1), atol=1e-5)
+    random_head = load_head("medusa", str(make_head("medusa", target, tmp_path / "random", scale=0.5)), target)
+    assert not torch.allclose(random_head.module.logits(state[0], 1)[0], expected[0], atol=1e-2)
+    with pytest.raises(ModelError, match="EAGLE-3 head has no such starting point"):
+        make_head("eagle3", target, tmp_path / "eagle3", init="target")
+    with pytest.raises(ModelError, match="unknown head init"):
+        make_head("medusa", target, tmp_path / "other", init="trained")
 
 
 def test_make_head_and_run_from_the_cli(tmp_path, capsys) -> None:

@@ -48,7 +48,39 @@ SHAPES = {
     "sample 2,2,2": {"tree": (2, 2, 2), "tree_children": "sample"},
     "sample-distinct 3,2": {"tree": (3, 2), "tree_children": "sample-distinct"},
     "budget 10, depth 4": {"tree_budget": 10, "tree_depth": 4},
+    "sparse top (medusa_choices)": {"tree": "[[0],[1],[0,0],[0,1],[1,0],[0,0,0],[2]]"},
+    "sparse sample-distinct": {"tree": "[[0],[1],[0,0],[0,0,0],[0,0,1]]", "tree_children": "sample-distinct"},
 }
+SPARSE = "[[0],[1],[0,0],[0,1],[1,0],[0,0,0],[2]]"
+
+
+def _round_paths(run, block: int) -> set[tuple[int, ...]]:
+    """The child-number paths of one stored round's nodes (``sibling``: the node's number among its parent's children)."""
+    paths: dict[int, tuple[int, ...]] = {-1: ()}
+    for node in sorted((node for node in run.nodes if node.block == block), key=lambda node: node.node):
+        paths[node.node] = paths[node.parent] + (node.sibling,)
+    return {path for node, path in paths.items() if node >= 0}
+
+
+def test_a_sparse_tree_drafts_exactly_its_listed_paths(target, draft) -> None:
+    """``--tree '[[0],[1],[0,0],…]'`` (Medusa's ``medusa_choices``) drafts those nodes and no others:
+    node ``[0, 1]`` is the second most likely child of the root's most likely child."""
+    expected = {(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)}
+    run = generate(target, draft, PROMPT, tree=SPARSE, max_new_tokens=16, seed=3, eos_token_id=[])
+    assert run.rounds
+    for round_ in run.rounds:
+        paths = _round_paths(run, round_.block)
+        budget_cut = {path for path in expected if len(path) <= max(len(p) for p in paths)}
+        assert paths == budget_cut, round_.block
+        nodes = {node.node: node for node in run.nodes if node.block == round_.block}
+        for node in nodes.values():  # top children: siblings by decreasing q
+            siblings = sorted((other for other in nodes.values() if other.parent == node.parent), key=lambda n: n.sibling)
+            assert [n.q_token for n in siblings] == sorted((n.q_token for n in siblings), reverse=True)
+    ngram = generate(target, "ngram:3", [1, 5, 2, 7, 1, 5, 2, 8, 1, 5, 3, 1, 5, 2], tree="[[0],[1],[0,0]]",
+                     max_new_tokens=12, seed=1, eos_token_id=[])
+    for round_ in ngram.rounds:
+        assert _round_paths(ngram, round_.block) <= {(0,), (1,), (0, 0)}
+    assert any(len(_round_paths(ngram, round_.block)) > 1 for round_ in ngram.rounds)
 
 
 def test_a_chain_shaped_sampled_tree_is_the_chain(target, draft) -> None:
@@ -224,6 +256,11 @@ def test_bad_tree_settings_get_one_line_errors(target, draft) -> None:
         ({"tree_budget": 8, "tree_children": "sample"}, "budget tree"),
         ({"tree": (2, 1), "tree_children": "sample", "rule": "lenience:0.5"}, "needs --tree-children top"),
         ({"tree": (2, 1), "rule": "cos:0.5"}, "has no tree form"),
+        ({"tree": "[[0],[2]]"}, r"lists \[2\] but not \[1\]"),
+        ({"tree": "[[0,0]]"}, r"but not its parent \[0\]"),
+        ({"tree": "[[0],[0]]"}, "lists a path twice"),
+        ({"tree": "[[0],"}, "does not parse"),
+        ({"tree": "[]"}, "non-empty list"),
     ]
     for kwargs, message in cases:
         kwargs = dict(kwargs)
@@ -238,7 +275,10 @@ def test_bad_tree_settings_get_one_line_errors(target, draft) -> None:
         parse_tree("1," * 40 + "1")
     assert parse_tree(None) is None and parse_tree("3, 2, 1").text == "3,2,1"
     assert parse_tree(budget=16).text == "budget 16, depth 5"
-    for spec in (parse_tree("3,2,1", children="sample"), parse_tree(budget=16, depth=4)):  # what runs.tree stores reads back
+    sparse = parse_tree("[[1], [0], [0, 0]]", children="sample")
+    assert sparse.text == "[[0],[1],[0,0]]" and sparse.max_depth == 2 and sparse.max_nodes == 3
+    assert sparse.limited(1).text == "[[0],[1]]" and (sparse.width(()), sparse.width((0,)), sparse.width((1,))) == (2, 1, 0)
+    for spec in (parse_tree("3,2,1", children="sample"), parse_tree(budget=16, depth=4), sparse):  # what runs.tree stores reads back
         assert spec_from_text(spec.text, spec.children) == spec
     with pytest.raises(TreeSpecError):
         spec_from_text("budget 999, depth 5", "top")

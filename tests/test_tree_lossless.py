@@ -1,6 +1,7 @@
 """End-to-end losslessness of the tree engine, at the power of the chain test.
 
-Each setup is one children mode on a tree shape (two shapes, one three levels deep); many seeded
+Each setup is one children mode on a tree shape (full shapes, one three levels deep, and a sparse
+one listed as Medusa's ``medusa_choices``); many seeded
 generations on tiny models give the joint law of two consecutive emitted tokens, which must equal
 the target's exact law by teacher forcing (χ² at level ``LEVEL`` with ``N`` generations: power
 ``≥ POWER`` against a total-variation error of 0.01, dof 15). The window (tokens 1 and 2) spans
@@ -36,8 +37,9 @@ SETUPS = {
     # Draft heads on a 4-layer tiny Llama over 3 tokens (dof 8: 93,880 windows give the same power).
     "EAGLE-3 head, top-k children, tree 2,1 at T 0.9": Setup(draft="eagle3", gamma=0, start=1, vocab=3, prompt=THREE,
                                                              tree=(2, 1), children="top", policy={"temperature": 0.9}),
-    "Medusa heads, sampled children, tree 2,2": Setup(draft="medusa", gamma=0, start=1, vocab=3, prompt=THREE, tree=(2, 2),
-                                                      children="sample"),
+    # A sparse tree as Medusa's medusa_choices give it: the last child of 2,2 left out.
+    "Medusa heads, sampled children, sparse tree [[0],[1],[0,0],[0,1],[1,0]]": Setup(
+        draft="medusa", gamma=0, start=1, vocab=3, prompt=THREE, tree="[[0],[1],[0,0],[0,1],[1,0]]", children="sample"),
 }
 
 PLANTED = {

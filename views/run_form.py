@@ -85,7 +85,9 @@ def tree_widgets(prefix: str) -> tuple[str | None, str]:
     if shape == "chain":
         return None, "top"
     tree = cols[1].text_input("Children per level", "3,2,1", key=f"{prefix}_tree",
-                              help="each node at depth i gets Ki children: 3,2,1 drafts 3 + 6 + 6 = 15 nodes per round")
+                              help="each node at depth i gets Ki children: 3,2,1 drafts 3 + 6 + 6 = 15 nodes per round. "
+                                   "Or a sparse tree as Medusa's medusa_choices, paths of child numbers: [[0],[1],[0,0]] "
+                                   "is the root's two best children and the best child of the first")
     children = cols[2].selectbox("Children", ["top", "sample", "sample-distinct"], key=f"{prefix}_tree_children",
                                  help="top: the draft's most likely tokens (EAGLE; every tree rule); sample: i.i.d. draws from q "
                                       "(SpecInfer); sample-distinct: draws without replacement (Sequoia); sampled children are "

@@ -415,7 +415,7 @@ def add_parser(commands: Any) -> None:
     audit.add_argument("--max-new-tokens", type=int, default=None, help="engine level: tokens per generation (default 12 tiny, 16 real)")
     audit.add_argument("--gamma", type=int, default=3, help="engine level: draft tokens per block")
     audit.add_argument("--tree", default=None, metavar="K1,K2,…",
-                       help="engine level: audit the tree engine with this shape (e.g. 3,2,1); --engine ours or a planted "
+                       help="engine level: audit the tree engine with this shape (e.g. 3,2,1, or sparse paths '[[0],[1],[0,0]]'); --engine ours or a planted "
                             "tree bug (" + ", ".join(mutant_names("tree")) + ")")
     audit.add_argument("--tree-children", default="top", choices=["top", "sample", "sample-distinct"],
                        help="engine level with --tree: how each node's children are drafted")

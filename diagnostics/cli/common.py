@@ -75,7 +75,8 @@ def add_generation_options(parser: argparse.ArgumentParser, replayable: bool = F
                              "alone; off when not given)")
     parser.add_argument("--tree", default=None, metavar="K1,K2,…",
                         help="draft a token tree per round instead of a chain: each node at depth i gets Ki children "
-                             "(e.g. 3,2,1); one target forward verifies every node (off when not given)")
+                             "(e.g. 3,2,1), or a sparse tree of child-number paths as Medusa's medusa_choices "
+                             "(e.g. '[[0],[1],[0,0]]'); one target forward verifies every node (off when not given)")
     parser.add_argument("--tree-budget", type=int, default=None, metavar="N",
                         help="a dynamic tree instead: the N draft nodes of highest path probability (EAGLE-2 style)")
     parser.add_argument("--tree-depth", type=int, default=None, metavar="D",

@@ -14,7 +14,7 @@ def command_make_head(args: argparse.Namespace) -> int:
 
     target = load_model(args.target, dtype=args.dtype, trust_remote_code=args.trust_remote_code)
     out = make_head(args.kind, target, args.out, seed=args.seed, medusa_heads=args.heads, medusa_layers=args.layers,
-                    draft_vocab=args.draft_vocab)
+                    draft_vocab=args.draft_vocab, init=args.init or ("target" if args.kind == "medusa" else "random"))
     head = load_head(args.kind, str(out), target)  # what was written loads back, checked against the target
     print(json.dumps({"head": f"{args.kind}:{out}", "target": target.name, "taps": list(head.taps),
                       "files": sorted(path.name for path in out.iterdir())}))
@@ -24,10 +24,13 @@ def command_make_head(args: argparse.Namespace) -> int:
 def add_parser(commands: Any) -> None:
     """The ``make-head`` command's options."""
     make = commands.add_parser(
-        "make-head", help="write a random EAGLE-3 or Medusa head for a target (to try heads without a checkpoint)",
+        "make-head", help="write an untrained EAGLE-3 or Medusa head for a target (to try heads without a checkpoint)",
         description="Random weights in the published on-disk layout: config.json and model.safetensors (EAGLE-3: fc, "
                     "midlayer.*, norm, lm_head, d2t, t2d) or medusa_lm_head.safetensors. Draft with it by "
-                    "--draft eagle3:DIR or --draft medusa:DIR. Random heads draft poorly: acceptance is near zero.")
+                    "--draft eagle3:DIR or --draft medusa:DIR. Medusa heads start where Medusa's training does (--init "
+                    "target: residual blocks the identity, each head a copy of the target's lm_head), so they draft the "
+                    "target's next-token law a few tokens late; random heads (EAGLE-3, or --init random) draft near "
+                    "uniformly and are almost never accepted.")
     make.add_argument("kind", choices=["eagle3", "medusa"], help="eagle3 (one decoder layer on three tapped states) or medusa (residual heads)")
     make.add_argument("--target", default="default", help="the target the head drafts for (default: the embedded model)")
     make.add_argument("-o", "--out", required=True, metavar="DIR", help="a new folder for the head")
@@ -35,6 +38,9 @@ def add_parser(commands: Any) -> None:
     make.add_argument("--heads", type=int, default=4, help="Medusa: number of heads (drafts per block at most)")
     make.add_argument("--layers", type=int, default=1, help="Medusa: residual blocks per head")
     make.add_argument("--draft-vocab", type=int, default=None, help="EAGLE-3: draft vocabulary size (the target's first ids)")
+    make.add_argument("--init", default=None, choices=["random", "target"],
+                      help="Medusa: target (default: the target's lm_head in every head, residual blocks zero) or random; "
+                           "EAGLE-3: random")
     make.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="dtype the target is loaded in")
     make.add_argument("--trust-remote-code", action="store_true", help="allow the target's own code (off by default)")
     make.set_defaults(handler=command_make_head)

@@ -1,7 +1,10 @@
 """Drafting a token tree per round: the shape, the children of each node, the draft's KV cache.
 
-Two shapes. A fixed shape ``K1,…,Kd`` expands every node at depth ``i − 1`` into ``Ki``
-children (``3,2,1``: 3 + 6 + 6 nodes). A dynamic shape (EAGLE-2 style) keeps the ``N`` nodes of
+Three shapes. A fixed shape ``K1,…,Kd`` expands every node at depth ``i − 1`` into ``Ki``
+children (``3,2,1``: 3 + 6 + 6 nodes). A sparse shape lists its nodes as paths of child
+numbers, as Medusa's ``medusa_choices`` do: ``[[0], [1], [0, 0]]`` is the root's first two
+children and the first child of the first (``top``: the ``j``-th most likely token; sampled: the
+``j``-th draw). A dynamic shape (EAGLE-2 style) keeps the ``N`` nodes of
 depth ``≤ D`` with the highest path probability ``Π q(token | path)`` under the draft; since a
 child's path probability never exceeds its parent's, the kept set is closed under ancestors.
 
@@ -48,20 +51,39 @@ class TreeSpecError(ValueError):
 
 @dataclass(frozen=True)
 class TreeSpec:
-    """How each round's tree is drafted: a fixed ``branching`` or a ``budget`` of nodes to ``depth``."""
+    """How each round's tree is drafted: a fixed ``branching``, sparse ``choices`` (paths of child
+    numbers, Medusa's ``medusa_choices``) or a ``budget`` of nodes to ``depth``."""
 
     branching: tuple[int, ...] = ()
     budget: int | None = None
     depth: int | None = None
     children: str = "top"
+    choices: tuple[tuple[int, ...], ...] = ()
+
+    @property
+    def fixed(self) -> bool:
+        """The shape is given (``branching`` or ``choices``), not grown by path probability."""
+        return bool(self.branching or self.choices)
 
     @property
     def max_depth(self) -> int:
+        if self.choices:
+            return max(len(path) for path in self.choices)
         return len(self.branching) if self.branching else int(self.depth or 0)
+
+    def width(self, path: tuple[int, ...]) -> int:
+        """How many children the node at ``path`` (child numbers from the root; ``()``: the root) may have."""
+        if self.choices:
+            return sum(1 for choice in self.choices if len(choice) == len(path) + 1 and choice[:-1] == path)
+        if self.branching:
+            return self.branching[len(path)] if len(path) < len(self.branching) else 0
+        return int(self.budget or 0)
 
     @property
     def max_nodes(self) -> int:
         """Upper bound on the nodes of one round's tree."""
+        if self.choices:
+            return len(self.choices)
         if not self.branching:
             return int(self.budget or 0)
         total, width = 0, 1
@@ -72,7 +94,10 @@ class TreeSpec:
 
     @property
     def text(self) -> str:
-        """What ``--tree`` (or ``--tree-budget``/``--tree-depth``) was: ``3,2,1`` or ``budget 16, depth 4``."""
+        """What ``--tree`` (or ``--tree-budget``/``--tree-depth``) was: ``3,2,1``, ``[[0],[1],[0,0]]``
+        or ``budget 16, depth 4``."""
+        if self.choices:
+            return "[" + ",".join("[" + ",".join(str(i) for i in path) + "]" for path in self.choices) + "]"
         if self.branching:
             return ",".join(str(k) for k in self.branching)
         return f"budget {self.budget}, depth {self.depth}"
@@ -81,6 +106,8 @@ class TreeSpec:
         """The same shape cut to at most ``depth`` levels (the round's remaining token budget)."""
         if depth >= self.max_depth:
             return self
+        if self.choices:
+            return TreeSpec(choices=tuple(path for path in self.choices if len(path) <= depth), children=self.children)
         if self.branching:
             return TreeSpec(branching=self.branching[:depth], children=self.children)
         return TreeSpec(budget=self.budget, depth=depth, children=self.children)
@@ -120,6 +147,8 @@ def parse_tree(
         raise TreeSpecError("--tree-depth goes with --tree-budget N; a fixed shape --tree K1,K2,… has its own depth")
     if tree is None or (isinstance(tree, str) and not tree.strip()):
         return None
+    if isinstance(tree, str) and tree.strip().startswith("["):
+        return TreeSpec(choices=parse_choices(tree), children=children)
     pieces = [piece.strip() for piece in tree.split(",")] if isinstance(tree, str) else list(tree)
     if not pieces or any(piece == "" for piece in pieces):
         raise TreeSpecError(f"tree {tree!r}: write the children per level, e.g. 3,2,1")
@@ -130,6 +159,39 @@ def parse_tree(
     if spec.max_nodes > MAX_TREE_NODES:
         raise TreeSpecError(f"tree {spec.text} has {spec.max_nodes} nodes; at most {MAX_TREE_NODES} per round")
     return spec
+
+
+def parse_choices(text: str) -> tuple[tuple[int, ...], ...]:
+    """A sparse tree ``[[0], [1], [0, 0], …]`` (Medusa's ``medusa_choices``) → its paths, breadth-first.
+
+    Each path names a node by the child numbers leading to it. Every node's parent must be listed
+    and its children numbered ``0, 1, …`` without gaps (child ``j`` is the ``j``-th most likely
+    token, or the ``j``-th draw, so a gap would name a token that was never drafted)."""
+    import json
+
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        raise TreeSpecError("a sparse tree is a JSON list of paths such as [[0],[1],[0,0]]; this one does not parse") from None
+    if not isinstance(raw, list) or not raw or not all(isinstance(path, list) and path for path in raw):
+        raise TreeSpecError("a sparse tree is a non-empty list of non-empty paths such as [[0],[1],[0,0]]")
+    if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < MAX_TREE_NODES for path in raw for i in path):
+        raise TreeSpecError(f"the child numbers of a sparse tree are whole numbers in [0, {MAX_TREE_NODES - 1}]")
+    paths = sorted({tuple(path) for path in raw}, key=lambda path: (len(path), path))
+    if len(paths) < len(raw):
+        raise TreeSpecError("a sparse tree lists a path twice; list each node once")
+    if len(paths) > MAX_TREE_NODES:
+        raise TreeSpecError(f"the sparse tree has {len(paths)} nodes; at most {MAX_TREE_NODES} per round")
+    if len(paths[-1]) > MAX_TREE_DEPTH:
+        raise TreeSpecError(f"a tree is at most {MAX_TREE_DEPTH} levels deep, got {len(paths[-1])}")
+    listed = set(paths)
+    for path in paths:
+        if len(path) > 1 and path[:-1] not in listed:
+            raise TreeSpecError(f"the sparse tree lists {list(path)} but not its parent {list(path[:-1])}; add the parent")
+        if path[-1] > 0 and path[:-1] + (path[-1] - 1,) not in listed:
+            raise TreeSpecError(f"the sparse tree lists {list(path)} but not {list(path[:-1] + (path[-1] - 1,))}: "
+                                "number each node's children 0, 1, 2, … without gaps")
+    return tuple(paths)
 
 
 def spec_from_text(text: str | None, children: str | None) -> TreeSpec | None:
@@ -175,16 +237,21 @@ class _Building:
     parents: list[int] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     depths: list[int] = field(default_factory=list)
+    paths: list[tuple[int, ...]] = field(default_factory=list)  # child numbers from the root
     q_token: list[float] = field(default_factory=list)
     u_draft: list[float | None] = field(default_factory=list)
     score: list[float] = field(default_factory=list)  # path probability under the draft
     laws: dict[int, torch.Tensor] = field(default_factory=dict)  # node (-1: root) -> its draft law
+
+    def path(self, node: int) -> tuple[int, ...]:
+        return () if node < 0 else self.paths[node]
 
     def add(self, parent: int, token: int, q_parent: torch.Tensor, u: float | None) -> None:
         q_value = float(q_parent[token])
         self.parents.append(parent)
         self.tokens.append(int(token))
         self.depths.append(1 if parent < 0 else self.depths[parent] + 1)
+        self.paths.append(self.path(parent) + (sum(1 for other in self.parents[:-1] if other == parent),))
         self.q_token.append(q_value)
         self.u_draft.append(u)
         self.score.append((1.0 if parent < 0 else self.score[parent]) * q_value)
@@ -235,16 +302,16 @@ def grow(spec: TreeSpec, root_law: torch.Tensor, expand: Callable[[_Building, li
     """Grow a tree level by level (a generator: it passes on the forwards ``expand`` asks for).
     ``expand(building, nodes)`` returns the draft law after each of ``nodes`` (a forward of the
     draft over them). Fixed shapes add ``K_d`` children to each
-    non-EOS node of depth ``d − 1``; budget shapes keep the ``N`` nodes of highest path
+    non-EOS node of depth ``d − 1``, sparse shapes the children their paths list; budget shapes keep the ``N`` nodes of highest path
     probability (each level's candidates are every kept node's top ``N`` children)."""
     built = _Building(laws={-1: root_law})
     frontier = [-1]
     for depth in range(1, spec.max_depth + 1):
         level_start = len(built.tokens)
-        if spec.branching:
-            k = spec.branching[depth - 1]
+        if spec.fixed:
             for parent in frontier:
-                if parent >= 0 and built.tokens[parent] in eos:
+                k = spec.width(built.path(parent))
+                if k == 0 or (parent >= 0 and built.tokens[parent] in eos):
                     continue
                 for token, u in _children(built.laws[parent], k, spec.children, depth, len(built.tokens) - level_start, uniform):
                     built.add(parent, token, built.laws[parent], u)
@@ -285,7 +352,7 @@ def _grow_budget_level(built: _Building, frontier: list[int], budget: int, eos: 
 def finish(built: _Building, spec: TreeSpec, vocab: int, fed: int) -> DraftTree:
     """The round's tree: for a budget shape the ``N`` best nodes, renumbered breadth-first."""
     count = len(built.tokens)
-    if spec.branching or count <= int(spec.budget or 0):
+    if spec.fixed or count <= int(spec.budget or 0):
         keep = list(range(count))
     else:
         keep = sorted(sorted(range(count), key=lambda node: (-built.score[node], built.depths[node], node))[: spec.budget])
@@ -356,6 +423,7 @@ def ngram_tree(context: list[int], n: int, spec: TreeSpec, vocab: int, eos: set[
     tokens: list[int] = []
     depths: list[int] = []
     children: dict[int, dict[int, int]] = {-1: {}}
+    paths: dict[int, tuple[int, ...]] = {-1: ()}  # child numbers from the root, for a sparse shape
     limit, levels = spec.max_nodes, spec.max_depth
     length = len(context)
     full = False
@@ -371,12 +439,13 @@ def ngram_tree(context: list[int], n: int, spec: TreeSpec, vocab: int, eos: set[
                 if token in children[node]:
                     node = children[node][token]
                     continue
-                cap = spec.branching[depth - 1] if spec.branching else limit
+                cap = spec.width(paths[node]) if spec.fixed else limit
                 if len(children[node]) >= cap or (node >= 0 and tokens[node] in eos):
                     break
                 if len(tokens) >= limit:
                     full = True
                     break
+                paths[len(tokens)] = paths[node] + (len(children[node]),)
                 parents.append(node)
                 tokens.append(int(token))
                 depths.append(depth)

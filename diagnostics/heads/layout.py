@@ -55,13 +55,25 @@ def _text_config(target: LoadedModel) -> Any:
     return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
 
 
+INITS = ("random", "target")
+
+
 def make_head(kind: str, target: LoadedModel, out: str | Path, *, seed: int = 0, medusa_heads: int = 4,
-              medusa_layers: int = 1, draft_vocab: int | None = None, scale: float = 0.02) -> Path:
-    """Write a head with random weights (normal, std ``scale``; norms 1) for ``target`` to ``out``,
-    in the layout ``load_head`` reads. EAGLE-3's draft vocabulary is the target's first
-    ``draft_vocab`` ids (all of them by default); its taps are written explicitly."""
+              medusa_layers: int = 1, draft_vocab: int | None = None, scale: float = 0.02, init: str = "random") -> Path:
+    """Write a head for ``target`` to ``out``, in the layout ``load_head`` reads.
+
+    ``init="random"``: normal weights of std ``scale`` (norms 1, biases 0). ``init="target"``
+    (Medusa only): where Medusa's training starts, every residual block the identity
+    (``W = 0, b = 0``: ``x + SiLU(0) = x``) and every head a copy of the target's ``lm_head``, so
+    head ``k`` drafts with the target's own next-token law. EAGLE-3's draft vocabulary is the
+    target's first ``draft_vocab`` ids (all of them by default); its taps are written explicitly."""
     if kind not in KINDS:
         raise ModelError(f"unknown head kind {kind!r}: use eagle3 or medusa")
+    if init not in INITS:
+        raise ModelError(f"unknown head init {init!r}: use random or target")
+    if init == "target" and kind != "medusa":
+        raise ModelError("--init target copies the target's lm_head into Medusa heads; an EAGLE-3 head has no such "
+                         "starting point: use --init random")
     config = _text_config(target)
     hidden, vocab = int(config.hidden_size), int(target.vocab_size)
     out = Path(out)
@@ -73,6 +85,8 @@ def make_head(kind: str, target: LoadedModel, out: str | Path, *, seed: int = 0,
         head_config = MedusaConfig(medusa_heads, medusa_layers, hidden, vocab)
         module = MedusaHeads(head_config)
         state = {key: _random(value, key, generator, scale) for key, value in module.published_state().items()}
+        if init == "target":
+            state = _medusa_from_target(state, target, medusa_layers)
         _save(state, out / "medusa_lm_head.safetensors")
     else:
         size = vocab if draft_vocab is None else int(draft_vocab)
@@ -97,8 +111,19 @@ def make_head(kind: str, target: LoadedModel, out: str | Path, *, seed: int = 0,
         state["t2d"] = t2d
         _save(state, out / "model.safetensors")
     (out / "config.json").write_text(json.dumps({**head_config.to_json(), "made_by": "diagnostics make-head",
-                                                 "target": target.name, "seed": seed}, indent=2))
+                                                 "target": target.name, "seed": seed, "init": init}, indent=2))
     return out
+
+
+def _medusa_from_target(state: dict[str, torch.Tensor], target: LoadedModel, layers: int) -> dict[str, torch.Tensor]:
+    """Medusa's starting point: residual blocks zero (the identity), each head the target's ``lm_head``."""
+    head = target.model.get_output_embeddings()
+    vocab = int(target.vocab_size)
+    if head is None or head.weight.shape[0] < vocab or getattr(head, "bias", None) is not None:
+        raise ModelError(f"{target.name} has no plain lm_head over its {vocab} ids to copy: use --init random")
+    weight = head.weight.detach()[:vocab].float().cpu()
+    return {key: weight.clone() if key.endswith(f".{layers}.weight") else torch.zeros_like(value)
+            for key, value in state.items()}
 
 
 def _random(value: torch.Tensor, key: str, generator: torch.Generator, scale: float) -> torch.Tensor:
