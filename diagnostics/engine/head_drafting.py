@@ -7,7 +7,9 @@ the target has fed (at least) the first ``n − 1``, and:
 
 * **EAGLE-3** runs its layer over the new pairs ``(g_s, x_{s+1})``, ``s ≤ n − 2`` (target features,
   its cache keeps them), then drafts autoregressively from its own outputs; the draft pairs are
-  forgotten after the round (the next round recomputes them from the target's features);
+  forgotten after the round (the next round recomputes them from the target's features). The
+  layer runs as a ``HeadStage``: one call for every row waiting on it, each row's keys and values
+  in its slot of a ``forward.SlotStore`` (rolling back is lowering the row's ``pairs``);
 * **Medusa** applies head ``k`` to the target's normed last hidden state at ``n − 2`` (the state
   whose law gave the last committed token) for draft ``k + 1``.
 
@@ -23,34 +25,68 @@ from typing import Any
 import torch
 
 from diagnostics.engine.drafting import Asks, Draw, fit_vocabulary
+from diagnostics.engine.forward import Forward, Output, SlotStore, _uniform, additive_mask, positions_of
 from diagnostics.engine.tree_attention import TokenTree
 from diagnostics.engine.tree_draft import DraftTree, TreeSpec, Uniform, finish, grow
-from diagnostics.heads.eagle3 import HeadCache
 from diagnostics.policy import Policy, probabilities
 
 PLANTED = ("pairing_off_by_one", "wrong_taps")  # integration bugs for the audit (see ``diagnostics.heads.check``)
 
 
-class HeadDrafter:
-    """One row's drafts from a ``heads.LoadedHead``, reading ``scorer.features``."""
+class HeadStage:
+    """An EAGLE-3 head's layer for every row waiting on it, in one call (``Eagle3Head.step_rows``).
 
-    def __init__(self, head: Any, scorer: Any, target: Any, policy: Policy, planted: str | None = None) -> None:
+    A request feeds ``n`` pairs: ``tokens`` (embedded with the target's embeddings) and ``hidden``
+    ``[n, H]`` (fused target features, or the head's own outputs), written at the row's cache rows
+    ``start…`` at rotary ``positions`` (default ``start…``), seeing ``visible`` (default causal).
+    It gets back the head's logits over the target's ids for its last ``keep`` inputs and its
+    outputs ``o`` for all of them (``Output.hidden``)."""
+
+    def __init__(self, head: Any, embed: Any, store: SlotStore, vocab: int, order: int = 0) -> None:
+        self.head, self.embed, self.store, self.vocab, self.order = head, embed, store, vocab, order
+        self.takes_hidden = self.keeps_hidden = True
+
+    @torch.inference_mode()
+    def run(self, requests: list[Forward]) -> list[Output]:
+        head = self.head
+        device, dtype = head.fc.weight.device, head.fc.weight.dtype
+        count = max(r.size for r in requests)
+        ids = torch.tensor([list(r.tokens) + [0] * (count - r.size) for r in requests], dtype=torch.long, device=device)
+        hidden = torch.zeros(len(requests), count, head.config.hidden_size, dtype=dtype, device=device)
+        for row, request in enumerate(requests):
+            hidden[row, : request.size] = request.hidden.to(dtype)
+        width = self.store.prepare([r.slot for r in requests], [r.start for r in requests], count, device)
+        # One input per row at one common start: every key of the row is visible, no mask needed.
+        mask = None if count == 1 and _uniform(requests) else additive_mask(requests, count, width, dtype, device)
+        out = head.step_rows(self.embed(ids), hidden, positions_of(requests, count, device), mask, self.store)
+        kept = torch.cat([out[row, r.size - r.keep : r.size] for row, r in enumerate(requests)])
+        logits = torch.split(head.logits(kept, self.vocab), [r.keep for r in requests])
+        return [Output(logits=row_logits, hidden=out[row, : r.size]) for row, (row_logits, r) in enumerate(zip(logits, requests))]
+
+
+class HeadDrafter:
+    """One row's drafts from a ``heads.LoadedHead``, reading ``scorer.features``; an EAGLE-3 head runs
+    on ``stage`` (a ``HeadStage``) in the row's ``slot``."""
+
+    def __init__(self, head: Any, scorer: Any, target: Any, policy: Policy, planted: str | None = None,
+                 stage: HeadStage | None = None, slot: int = 0) -> None:
         self.head, self.scorer, self.policy = head, scorer, policy
         self.name = head.name
-        self.embed = target.model.get_input_embeddings()
         self.norm = target.model.model.norm
-        self.cache = HeadCache()
+        if stage is None and head.kind == "eagle3":  # a row on its own: a stage of one slot
+            stage = HeadStage(head.module, target.model.get_input_embeddings(), SlotStore(1), int(target.vocab_size))
+            slot = stage.store.attach()
+        self.stage, self.slot = stage, slot
         self.pairs = 0  # EAGLE-3 pairs in the head's cache computed from the target's features
         self.planted = planted
 
     def propose(self, committed: list[int], count: int, draw: Draw, vocab: int, eos: set[int]) -> Asks:
-        yield from ()
         features, known = self._features(committed)
         if features is None:
             return [], torch.empty(0, vocab, dtype=torch.float64)
         if self.head.kind == "medusa":
             return self._medusa(features, known, count, draw, vocab, eos)
-        return self._eagle3(committed, features, known, count, draw, vocab, eos)
+        return (yield from self._eagle3(committed, features, known, count, draw, vocab, eos))
 
     def _features(self, committed: list[int]) -> tuple[torch.Tensor | None, int]:
         """The target's features of positions ``0 … n − 2`` and ``n − 1`` (``known``); ``None`` before
@@ -59,9 +95,6 @@ class HeadDrafter:
         if features is None or known < 1 or features.shape[0] < known:
             return None, known
         return features, known
-
-    def _embed(self, tokens: list[int]) -> torch.Tensor:
-        return self.embed(torch.tensor(tokens, dtype=torch.long, device=self.embed.weight.device))
 
     def _draw(self, logits: torch.Tensor, index: int, draw: Draw, vocab: int) -> tuple[int, torch.Tensor]:
         q_draft = probabilities(fit_vocabulary(logits, vocab), self.policy)
@@ -83,36 +116,34 @@ class HeadDrafter:
                 break
         return tokens, torch.stack(laws)
 
-    @torch.inference_mode()
     def _eagle3(self, committed: list[int], features: torch.Tensor, known: int, count: int, draw: Draw, vocab: int,
-                eos: set[int]):
-        head = self.head.module
-        last = self._pairs_output(committed, features, known)
+                eos: set[int]) -> Asks:
+        logits, last = yield from self._pairs_output(committed, features, known)
         tokens, laws = [], []
         for index in range(count):
-            token, q_draft = self._draw(head.logits(last, vocab), index, draw, vocab)
+            token, q_draft = self._draw(logits, index, draw, vocab)
             tokens.append(token)
             laws.append(q_draft)
             if token in eos or index == count - 1:
                 break
-            last = head.step(self._embed([token]), last[None], known + index, self.cache)[-1]
-        self.cache.cut(self.pairs)  # the draft pairs go; the next round pairs the target's own features
-        return tokens, torch.stack(laws)
+            output = yield Forward(self.stage, self.slot, known + index, tokens=[token], hidden=last[None])
+            logits, last = output.logits[0], output.hidden[-1]
+        return tokens, torch.stack(laws)  # the draft pairs' rows are overwritten next round
 
-    def _pairs_output(self, committed: list[int], features: torch.Tensor, known: int) -> torch.Tensor:
-        """EAGLE-3: run the head over the pairs ``(g_s, x_{s+1})`` not yet cached, ``s < known``; the last one's output."""
-        head = self.head.module
+    def _pairs_output(self, committed: list[int], features: torch.Tensor, known: int) -> Asks:
+        """EAGLE-3: run the head over the pairs ``(g_s, x_{s+1})`` not yet cached, ``s < known``; the
+        last one's logits and output."""
         start = min(self.pairs, known - 1)  # at least the last pair, whose output the drafts start from
         shift = 0 if self.planted == "pairing_off_by_one" else 1  # planted: g_s paired with x_s instead of x_{s+1}
-        fused = head.fuse(features[start:known])
-        last = head.step(self._embed(committed[start + shift : known + shift]), fused, start, self.cache)[-1]
+        with torch.inference_mode():
+            fused = self.head.module.fuse(features[start:known])
+        output = yield Forward(self.stage, self.slot, start, tokens=committed[start + shift : known + shift], hidden=fused)
         self.pairs = known
-        return last
+        return output.logits[0], output.hidden[-1]
 
     def commit(self, length: int) -> None:
         """``length`` tokens are committed: the pairs that read only committed tokens stay cached."""
         self.pairs = min(self.pairs, max(0, length - 1))
-        self.cache.cut(self.pairs)
 
     def propose_tree(self, committed: list[int], spec: TreeSpec, uniform: Uniform, vocab: int, eos: set[int]) -> Asks:
         """A tree of drafts (``tree_draft.grow``: fixed shapes, sampled children, budget trees).
@@ -121,7 +152,6 @@ class HeadDrafter:
         tree is at most ``medusa_num_heads`` deep. EAGLE-3: a level's nodes run through the head at
         once, each on its parent's output and its own token, at position ``n − 2 + depth``, seeing
         the committed pairs, its ancestors and itself (a tree mask in the head's attention)."""
-        yield from ()
         features, known = self._features(committed)
         if features is None:
             return _empty_tree(vocab)
@@ -140,20 +170,14 @@ class HeadDrafter:
             return finish(built, spec, vocab, 0)
         return (yield from self._eagle3_tree(committed, features, known, spec, uniform, vocab, eos))
 
-    @torch.inference_mode()
     def _eagle3_tree(self, committed: list[int], features: torch.Tensor, known: int, spec: TreeSpec, uniform: Uniform,
                      vocab: int, eos: set[int]) -> Asks:
-        yield from ()
-        head = self.head.module
-        root = self._pairs_output(committed, features, known)
+        root_logits, root = yield from self._pairs_output(committed, features, known)
         outputs = {-1: root}
-        root_law = probabilities(fit_vocabulary(head.logits(root, vocab), vocab), self.policy)
+        root_law = probabilities(fit_vocabulary(root_logits, vocab), self.policy)
 
         def expand_eagle(built, level: list[int]):
-            yield from ()
             first = level[0]  # nodes are fed in creation order: cache rows known + node
-            hidden = torch.stack([outputs[built.parents[node]] for node in level])
-            positions = torch.tensor([known - 1 + built.depths[node] for node in level])
             visible = torch.zeros(len(level), known + first + len(level), dtype=torch.bool)
             visible[:, :known] = True
             for row, node in enumerate(level):
@@ -161,14 +185,15 @@ class HeadDrafter:
                 while ancestor >= 0:
                     visible[row, known + ancestor] = True
                     ancestor = built.parents[ancestor]
-            out = head.step(self._embed([built.tokens[node] for node in level]), hidden, known + first, self.cache,
-                            positions=positions, visible=visible)
-            for node, row in zip(level, out):
+            output = yield Forward(self.stage, self.slot, known + first, tokens=[built.tokens[node] for node in level],
+                                   hidden=torch.stack([outputs[built.parents[node]] for node in level]),
+                                   positions=torch.tensor([known - 1 + built.depths[node] for node in level]),
+                                   visible=visible, keep=len(level))
+            for node, row in zip(level, output.hidden):
                 outputs[node] = row
-            return list(probabilities(fit_vocabulary(head.logits(out, vocab), vocab), self.policy))
+            return list(probabilities(fit_vocabulary(output.logits, vocab), self.policy))
 
         built = yield from grow(spec, root_law, expand_eagle, uniform, eos)
-        self.cache.cut(self.pairs)
         return finish(built, spec, vocab, 0)
 
     def commit_tree(self, prefix_length: int, draft: DraftTree, path: list[int]) -> None:
@@ -182,4 +207,4 @@ def _empty_tree(vocab: int) -> DraftTree:
                      q_token=[], u_draft=[], cache_rows=[])
 
 
-__all__ = ["HeadDrafter", "PLANTED"]
+__all__ = ["HeadDrafter", "HeadStage", "PLANTED"]

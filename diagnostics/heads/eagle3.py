@@ -108,7 +108,7 @@ def rotary_table(length: int, dim: int, theta: float, device: torch.device, dtyp
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """``x`` ``[heads, n, d]`` rotated by the table rows ``cos``, ``sin`` ``[n, d]`` (half-split layout)."""
+    """``x`` ``[…, heads, n, d]`` rotated by the table rows ``cos``, ``sin`` ``[…, 1, n, d]`` (half-split layout)."""
     half = x.shape[-1] // 2
     return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
 
@@ -185,42 +185,70 @@ class Eagle3Head(nn.Module):
         """``g = fc(cat(h_low, h_mid, h_high))``: ``[n, 3·H_target]`` → ``[n, H]``."""
         return self.fc(taps.to(self.fc.weight.dtype))
 
-    @torch.inference_mode()
-    def step(self, embeds: torch.Tensor, hidden: torch.Tensor, start: int, cache: HeadCache,
-             positions: torch.Tensor | None = None, visible: torch.Tensor | None = None) -> torch.Tensor:
-        """The mid layer over ``n`` new pairs ``(hidden_s, embed(x_{s+1}))`` written at cache rows
-        ``start…`` (``cache`` is cut there and extended in place), returning the outputs ``o`` ``[n, H]``.
-        By default they sit at rotary positions ``start…`` and attend causally; a tree level gives its
-        nodes' ``positions`` ``[n]`` and ``visible`` ``[n, start + n]`` (the prefix, its ancestors, itself)."""
+    def _rotary_at(self, positions: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``cos``, ``sin`` of the rotary table at ``positions`` (any shape ``S``): ``[*S, d]``."""
+        cos, sin = self._table(int(positions.max()) + 1, like)
+        index = positions.to(device=cos.device, dtype=torch.long)
+        return cos[index], sin[index]
+
+    def _layer(self, embeds: torch.Tensor, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               attend: Any, mask: torch.Tensor | None) -> torch.Tensor:
+        """The mid layer on ``[B, Q, ·]`` inputs: ``attend(keys, values)`` stores the new keys and values
+        ``[B, kv_heads, Q, d]`` and returns every key and value the queries read ``[B, kv_heads, K, d]``;
+        ``mask`` ``[B, 1, Q, K]`` (bool: visible, or additive) or ``None`` (every key visible)."""
         config, layer = self.config, self.midlayer
         dtype = self.fc.weight.dtype
         embeds, hidden = embeds.to(dtype), hidden.to(dtype)
-        count = hidden.shape[0]
+        rows, count = hidden.shape[0], hidden.shape[1]
         joint = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)
         attn = layer.self_attn
         heads, kv_heads, dim = config.num_attention_heads, config.num_key_value_heads, config.dim
+        cos, sin = cos[:, None].to(joint.dtype), sin[:, None].to(joint.dtype)
+        queries = rotate(attn.q_proj(joint).view(rows, count, heads, dim).transpose(1, 2), cos, sin)
+        keys = rotate(attn.k_proj(joint).view(rows, count, kv_heads, dim).transpose(1, 2), cos, sin)
+        values = attn.v_proj(joint).view(rows, count, kv_heads, dim).transpose(1, 2)
+        keys, values = attend(keys, values)
+        mixed = nn.functional.scaled_dot_product_attention(queries, keys.to(queries.dtype), values.to(queries.dtype),
+                                                           attn_mask=mask, enable_gqa=heads != kv_heads)
+        out = hidden + attn.o_proj(mixed.transpose(1, 2).reshape(rows, count, heads * dim))
+        return out + layer.mlp(layer.post_attention_layernorm(out))
+
+    @torch.inference_mode()
+    def step(self, embeds: torch.Tensor, hidden: torch.Tensor, start: int, cache: HeadCache,
+             positions: torch.Tensor | None = None, visible: torch.Tensor | None = None) -> torch.Tensor:
+        """The mid layer over ``n`` new pairs ``(hidden_s, embed(x_{s+1}))`` of one sequence, written at
+        cache rows ``start…`` (``cache`` is cut there and extended in place), returning the outputs
+        ``o`` ``[n, H]``. By default they sit at rotary positions ``start…`` and attend causally; a
+        tree level gives its nodes' ``positions`` ``[n]`` and ``visible`` ``[n, start + n]`` (the
+        prefix, its ancestors, itself)."""
+        count = hidden.shape[0]
         if positions is None:
-            cos, sin = self._table(start + count, joint)
-            cos, sin = cos[start : start + count], sin[start : start + count]
-        else:
-            cos, sin = self._table(int(positions.max()) + 1, joint)
-            index = positions.to(device=cos.device, dtype=torch.long)
-            cos, sin = cos.index_select(0, index), sin.index_select(0, index)
-        queries = rotate(attn.q_proj(joint).view(count, heads, dim).transpose(0, 1), cos, sin)
-        keys = rotate(attn.k_proj(joint).view(count, kv_heads, dim).transpose(0, 1), cos, sin)
-        values = attn.v_proj(joint).view(count, kv_heads, dim).transpose(0, 1)
+            positions = torch.arange(start, start + count)
+        cos, sin = self._rotary_at(positions, hidden)
         cache.cut(start)
-        cache.keys = keys if cache.keys is None else torch.cat([cache.keys, keys], dim=1)
-        cache.values = values if cache.values is None else torch.cat([cache.values, values], dim=1)
+
+        def attend(keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            cache.keys = keys[0] if cache.keys is None else torch.cat([cache.keys, keys[0]], dim=1)
+            cache.values = values[0] if cache.values is None else torch.cat([cache.values, values[0]], dim=1)
+            return cache.keys[None], cache.values[None]
+
         mask = None
         if visible is not None:
-            mask = visible.to(device=hidden.device, dtype=torch.bool)
+            mask = visible.to(device=hidden.device, dtype=torch.bool)[None, None]
         elif count > 1:  # query i (cache row start + i) sees rows 0 … start + i
-            mask = torch.arange(cache.length, device=hidden.device)[None, :] <= torch.arange(start, start + count, device=hidden.device)[:, None]
-        mixed = nn.functional.scaled_dot_product_attention(queries[None], cache.keys[None], cache.values[None], attn_mask=mask,
-                                                           enable_gqa=heads != kv_heads)[0]
-        out = hidden + attn.o_proj(mixed.transpose(0, 1).reshape(count, heads * dim))
-        return out + layer.mlp(layer.post_attention_layernorm(out))
+            mask = (torch.arange(start + count, device=hidden.device)[None, :]
+                    <= torch.arange(start, start + count, device=hidden.device)[:, None])[None, None]
+        return self._layer(embeds[None], hidden[None], cos[None], sin[None], attend, mask)[0]
+
+    @torch.inference_mode()
+    def step_rows(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
+                  store: Any) -> torch.Tensor:
+        """``step`` for a batch of sequences padded to ``Q`` inputs: ``embeds``, ``hidden`` ``[B, Q, H]``,
+        rotary ``positions`` ``[B, Q]``, an additive ``mask`` ``[B, 1, Q, K]`` (``None``: every key
+        visible), keys and values through ``store.update`` (a ``forward.SlotStore`` prepared for
+        these rows). Returns the outputs ``[B, Q, H]``."""
+        cos, sin = self._rotary_at(positions, hidden)
+        return self._layer(embeds, hidden, cos, sin, lambda keys, values: store.update(keys, values, 0), mask)
 
     @torch.inference_mode()
     def logits(self, out: torch.Tensor, vocab: int) -> torch.Tensor:
