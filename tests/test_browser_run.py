@@ -10,6 +10,7 @@ import pytest
 from browser_support import chromium, chromium_path, shot, streamlit_server, wait_or_explain
 from tiny_models import save_tiny_model
 
+from diagnostics.heads.layout import make_head
 from diagnostics.models import load_model
 from diagnostics.runner import RunRequest, record_run
 from diagnostics.store import Store
@@ -31,8 +32,9 @@ def setup(tmp_path_factory) -> Iterator[dict]:
     store = Store(db)
     run_id, _ = record_run(store, load_model(tiny), "ngram:2",
                            RunRequest(prompt="w1 w2 w3 w1 w2", draft="ngram:2", gamma=3, max_new_tokens=12, seed=2, raw=True))
+    medusa = make_head("medusa", load_model(tiny), folder / "medusa")  # as `make-head medusa` writes it
     with streamlit_server({"SPECLAB_DB": str(db), "SPECLAB_TARGET": tiny}) as url:
-        yield {"url": url, "db": db, "run": run_id, "prompts": prompts}
+        yield {"url": url, "db": db, "run": run_id, "prompts": prompts, "medusa": str(medusa)}
 
 
 @pytest.fixture
@@ -110,6 +112,41 @@ def test_stop_keeps_the_run_and_shows_its_status(setup, page) -> None:
     page.goto(setup["url"] + href)
     page.get_by_role("heading", name="Inspect a run").wait_for(timeout=60_000)
     page.get_by_text("Position 0:").first.wait_for(timeout=60_000)
+
+
+def test_a_medusa_head_drafts_a_sparse_tree_from_the_page_and_inspect_recomputes_its_q(setup, page) -> None:
+    """Run page: Medusa heads written by make-head, a sparse tree as medusa_choices; the run is
+    stored with that shape, and Inspect, once the user agrees to load the head's folder, shows the
+    round's tree and the head's q recomputed."""
+    page.goto(setup["url"] + "/run")
+    page.get_by_role("textbox", name="Prompt", exact=True).fill("w1 w2 w3 w1 w2")
+    page.get_by_text("Raw prompt (no chat template)").click()
+    page.get_by_label("Draft", exact=True).click()
+    page.get_by_role("option", name="medusa").click()
+    _enter(page, "textbox", "Medusa head (folder or hub id)", setup["medusa"])
+    page.get_by_text("tree", exact=True).click()
+    _enter(page, "textbox", "Children per level", "[[0],[1],[0,0],[0,0,0]]")
+    budget = page.get_by_label("max new tokens")
+    budget.fill("16")
+    budget.press("Enter")
+    page.wait_for_timeout(500)
+    page.get_by_role("button", name="Run", exact=True).click()
+    link = page.get_by_role("link", name="Inspect run")
+    wait_or_explain(page, link, "the Medusa sparse-tree run's Inspect link", timeout_ms=90_000)
+    run_id = parse_qs(urlsplit(link.get_attribute("href")).query)["run"][0]
+    stored = Store(setup["db"], read_only=True).get_run(run_id)
+    assert (stored["status"], stored["tree"], stored["draft"]) == ("complete", "[[0],[1],[0,0],[0,0,0]]", f"medusa:{setup['medusa']}")
+    page.goto(setup["url"] + f"/inspect?run={run_id}&pos=3")
+    load = page.get_by_role("button", name=re.compile(r"^Load .*medusa.* \(local files only\)"))
+    wait_or_explain(page, load, "the button that loads the head's folder", timeout_ms=60_000)
+    load.click()
+    wait_or_explain(page, load, "the head loaded (its Load button gone)", timeout_ms=60_000, state="detached")
+    wait_or_explain(page, page.get_by_text("Position 3:").first, "Inspect at position 3 after loading the head", timeout_ms=60_000)
+    page.wait_for_timeout(500)
+    _shot(page, "inspect_medusa_sparse_tree")
+    text = page.locator("[data-testid='stMain']").first.inner_text()
+    assert "tree [[0],[1],[0,0],[0,0,0]]" in text, text[:800]
+    assert "not loaded" not in text and "Traceback" not in text and "unavailable" not in text.lower(), text[:1500]
 
 
 def test_an_old_run_link_opens_inspect_and_run_drops_the_run(setup, page) -> None:

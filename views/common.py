@@ -180,7 +180,7 @@ def model_consent(run: dict, key: str) -> bool:
                "and p and q are rebuilt from the stored top-20.")
     if st.button(md("Load {names} (local files only) to recompute p and q exactly", names=", ".join(pending)), key=key):
         st.session_state.setdefault("allowed_models", set()).update(pending)
-        return True
+        st.rerun()  # drawn again without the button and the caption, which would otherwise stay up while p and q load
     return False
 
 
