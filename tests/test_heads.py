@@ -168,6 +168,50 @@ def test_medusa_heads_can_start_where_medusa_training_does(target, tmp_path) -> 
         make_head("medusa", target, tmp_path / "other", init="trained")
 
 
+def test_medusa_checkpoints_in_medusas_and_vllms_layouts_load_alike(heads, target, tmp_path) -> None:
+    """Medusa's own config (heads and layers only: width and vocabulary read off the weights) and
+    vLLM's layout (``blocks``/``lm_heads``, biases optional, one shared head) give the same heads;
+    a truncated draft vocabulary is a one-line refusal."""
+    from safetensors.torch import load_file, save_file
+
+    folder, published = heads["medusa"]
+    state = load_file(str(folder / "medusa_lm_head.safetensors"))
+    hidden = torch.randn(32, generator=torch.Generator().manual_seed(1))
+    expected = published.module.logits(hidden, 4)
+
+    medusa_one = tmp_path / "medusa-1"
+    medusa_one.mkdir()
+    (medusa_one / "config.json").write_text(json.dumps({"medusa_num_heads": 4, "medusa_num_layers": 1,
+                                                        "base_model_name_or_path": "lmsys/vicuna-7b-v1.3"}))
+    torch.save({f"medusa_head.{key}": value for key, value in state.items()}, medusa_one / "medusa_lm_head.pt")
+    assert torch.allclose(load_head("medusa", str(medusa_one), target).module.logits(hidden, 4), expected)
+
+    vllm = {}
+    for k in range(4):
+        vllm[f"blocks.{k}.layers.0.weight"] = state[f"{k}.0.linear.weight"]
+        vllm[f"blocks.{k}.layers.0.bias"] = state[f"{k}.0.linear.bias"]
+        vllm[f"lm_heads.{k}.weight"] = state[f"{k}.1.weight"]
+    config = {"architectures": ["MedusaModel"], "model_type": "medusa", "num_heads": 4, "num_hidden_layers": 1,
+              "hidden_size": 32, "vocab_size": 12}
+    for name, weights, extra in (("vllm", vllm, {}),
+                                 ("vllm-shared", {key: value for key, value in vllm.items() if not key.startswith(("lm_heads.1", "lm_heads.2", "lm_heads.3"))},
+                                  {"original_lm_head": True}),
+                                 ("vllm-token-map", {**vllm, "token_map": torch.arange(6)}, {"truncated_vocab_size": 6})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps({**config, **extra}))
+        save_file({key: value.contiguous() for key, value in weights.items()}, str(tmp_path / name / "model.safetensors"))
+    assert torch.allclose(load_head("medusa", str(tmp_path / "vllm"), target).module.logits(hidden, 4), expected)
+    shared = load_head("medusa", str(tmp_path / "vllm-shared"), target).module.logits(hidden, 4)
+    assert torch.allclose(shared[0], expected[0])
+    with pytest.raises(ModelError, match="truncated vocabulary"):
+        load_head("medusa", str(tmp_path / "vllm-token-map"), target)
+    no_bias = {key: value for key, value in vllm.items() if not key.endswith("bias")}
+    (tmp_path / "vllm-no-bias").mkdir()
+    (tmp_path / "vllm-no-bias" / "config.json").write_text(json.dumps(config))
+    save_file({key: value.contiguous() for key, value in no_bias.items()}, str(tmp_path / "vllm-no-bias" / "model.safetensors"))
+    assert torch.allclose(load_head("medusa", str(tmp_path / "vllm-no-bias"), target).module.logits(hidden, 4), expected)  # biases are 0 here
+
+
 def test_make_head_and_run_from_the_cli(tmp_path, capsys) -> None:
     model = save_tiny_model(tmp_path / "tiny", layers=4)
     for kind in ("eagle3", "medusa"):

@@ -5,8 +5,10 @@
   ``target_hidden_size``, ``eagle_config.eagle_aux_hidden_state_layer_ids``) and
   ``model.safetensors`` or ``pytorch_model.bin`` with ``fc``, ``midlayer.*``, ``norm``,
   ``lm_head``, ``d2t`` and ``t2d``.
-* Medusa: ``config.json`` (``medusa_num_heads``, ``medusa_num_layers``, ``hidden_size``,
-  ``vocab_size``) and ``medusa_lm_head.safetensors`` or ``medusa_lm_head.pt``.
+* Medusa: ``config.json`` (``medusa_num_heads``, ``medusa_num_layers``; ``hidden_size`` and
+  ``vocab_size`` when given, else read off the weights) and ``medusa_lm_head.safetensors`` or
+  ``medusa_lm_head.pt``; or vLLM's layout (``num_heads``, ``num_hidden_layers``; ``blocks.*``,
+  ``lm_heads.*`` in ``model.safetensors`` or ``pytorch_model.bin``).
 
 A head is untrusted input like any checkpoint: tensors only (``weights_only``), every shape checked
 against the target, one-line errors that say what does not fit.
@@ -22,7 +24,7 @@ from typing import Any
 import torch
 
 from diagnostics.heads.eagle3 import ARCHITECTURE, Eagle3Config, Eagle3Head, default_taps
-from diagnostics.heads.medusa import MedusaConfig, MedusaHeads
+from diagnostics.heads.medusa import MedusaConfig, MedusaHeads, read_medusa
 from diagnostics.models import LoadedModel, ModelError
 
 KINDS = ("eagle3", "medusa")
@@ -201,9 +203,9 @@ def load_head(kind: str, path_or_id: str, target: LoadedModel, local_only: bool 
     layers, hidden, vocab = int(config.num_hidden_layers), int(config.hidden_size), int(target.vocab_size)
     try:
         if kind == "medusa":
-            head_config = MedusaConfig.from_json(raw)
+            state = _weights(folder, ["medusa_lm_head.safetensors", "medusa_lm_head.pt", "model.safetensors", "pytorch_model.bin"])
+            head_config, state = read_medusa(raw, state)
             module: Any = MedusaHeads(head_config)
-            state = _weights(folder, ["medusa_lm_head.safetensors", "medusa_lm_head.pt", "model.safetensors"])
             _fits("hidden_size", head_config.hidden_size, hidden)
             _fits("vocab_size", head_config.vocab_size, vocab)
             module.load_published(state)

@@ -1,4 +1,6 @@
-"""Medusa heads, in the published layout (``medusa_lm_head``: ``{k}.{j}.linear.{weight,bias}``, ``{k}.{L}.weight``).
+"""Medusa heads, in the published layout (``medusa_lm_head``: ``{k}.{j}.linear.{weight,bias}``, ``{k}.{L}.weight``)
+or in vLLM's (``blocks.{k}.layers.{j}.weight[, bias]``, ``lm_heads.{k}.weight``; config ``num_heads``,
+``num_hidden_layers``), read into one module (``read_medusa``).
 
 Head ``k`` (``0 ≤ k < medusa_num_heads``) maps the target's last hidden state at position ``s``
 (after its final norm, as the base model returns it) through ``medusa_num_layers`` residual
@@ -24,10 +26,6 @@ class MedusaConfig:
     hidden_size: int
     vocab_size: int
 
-    @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> "MedusaConfig":
-        return cls(int(raw["medusa_num_heads"]), int(raw.get("medusa_num_layers", 1)), int(raw["hidden_size"]),
-                   int(raw["vocab_size"]))
 
     def to_json(self) -> dict[str, Any]:
         return {"architectures": ["MedusaModel"], "medusa_num_heads": self.medusa_num_heads,
@@ -67,8 +65,41 @@ class MedusaHeads(nn.Module):
         return {key.removeprefix("heads."): value for key, value in self.state_dict().items()}
 
     def load_published(self, state: dict[str, torch.Tensor]) -> None:
-        state = {key.removeprefix("medusa_head."): value for key, value in state.items()}
         self.load_state_dict({f"heads.{key}": value for key, value in state.items()}, strict=True)
 
 
-__all__ = ["MedusaConfig", "MedusaHeads", "ResBlock"]
+def read_medusa(raw: dict[str, Any], state: dict[str, torch.Tensor]) -> tuple[MedusaConfig, dict[str, torch.Tensor]]:
+    """The config and the published-layout weights of a Medusa checkpoint in either layout.
+
+    Medusa's own ``config.json`` names only ``medusa_num_heads`` and ``medusa_num_layers`` (the
+    base model gives the rest): the width and vocabulary are then read off the heads' weights.
+    vLLM's layout may leave out the blocks' biases (``medusa_fc_bias`` false: zero) and share one
+    head (``original_lm_head``). A truncated draft vocabulary (vLLM's ``token_map``) is refused:
+    its ``q`` would need the map, which this lab does not read."""
+    state = {key.removeprefix("medusa_heads.").removeprefix("medusa_head."): value for key, value in state.items()}
+    heads = int(raw.get("medusa_num_heads", raw.get("num_heads", 0)) or 0)
+    layers = int(raw.get("medusa_num_layers", raw.get("num_hidden_layers", 1)))
+    if heads < 1 or layers < 0:
+        raise ValueError("config.json names no medusa_num_heads (or num_heads) of at least 1")
+    if "token_map" in state or int(raw.get("truncated_vocab_size") or 0) not in (0, int(raw.get("vocab_size") or 0)):
+        raise ValueError("its heads draft over a truncated vocabulary (token_map), which this lab does not read")
+    if any(key.startswith(("blocks.", "lm_heads.")) for key in state):
+        state = _from_vllm(state, heads, layers, bool(raw.get("original_lm_head")))
+    head = state[f"0.{layers}.weight"]
+    hidden, vocab = int(raw.get("hidden_size") or head.shape[1]), int(raw.get("vocab_size") or head.shape[0])
+    return MedusaConfig(heads, layers, hidden, vocab), state
+
+
+def _from_vllm(state: dict[str, torch.Tensor], heads: int, layers: int, shared: bool) -> dict[str, torch.Tensor]:
+    """vLLM's keys → the published ones (``blocks.k.layers.j`` → ``k.j.linear``, ``lm_heads.k`` → ``k.L``)."""
+    published: dict[str, torch.Tensor] = {}
+    for k in range(heads):
+        for j in range(layers):
+            weight = state[f"blocks.{k}.layers.{j}.weight"]
+            published[f"{k}.{j}.linear.weight"] = weight
+            published[f"{k}.{j}.linear.bias"] = state.get(f"blocks.{k}.layers.{j}.bias", torch.zeros(weight.shape[0], dtype=weight.dtype))
+        published[f"{k}.{layers}.weight"] = state["lm_heads.0.weight" if shared else f"lm_heads.{k}.weight"]
+    return published
+
+
+__all__ = ["MedusaConfig", "MedusaHeads", "ResBlock", "read_medusa"]
