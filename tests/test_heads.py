@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ import torch
 from diagnostics.cli import main
 from diagnostics.engine import generate_batch
 from diagnostics.heads.check import check_run, reference_q
-from diagnostics.heads.eagle3 import ARCHITECTURE, default_taps
+from diagnostics.heads.eagle3 import ARCHITECTURE, HeadCache, default_taps
 from diagnostics.heads.layout import load_head, make_head
 from diagnostics.models import ModelError
 from diagnostics.policy import Policy
@@ -166,6 +167,35 @@ def test_medusa_heads_can_start_where_medusa_training_does(target, tmp_path) -> 
         make_head("eagle3", target, tmp_path / "eagle3", init="target")
     with pytest.raises(ModelError, match="unknown head init"):
         make_head("medusa", target, tmp_path / "other", init="trained")
+
+
+@pytest.mark.parametrize("norm_before_residual", [False, True])
+def test_one_eagle3_pair_is_the_layer_written_out(heads, target, tmp_path, norm_before_residual) -> None:
+    """One pair on an empty cache attends to itself only (softmax over one key is 1), so the layer is
+    ``o = r + o_proj(v(a))``, ``o ← o + mlp(post_attention_layernorm(o))`` with ``r = g``, or
+    ``r = hidden_norm(g)`` for a head whose config says ``norm_before_residual`` (SpecForge's
+    variant, read from config.json); a head of more than one layer is refused in one line."""
+    folder = tmp_path / "head"
+    shutil.copytree(heads["eagle3"][0], folder)
+    raw = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**raw, "norm_before_residual": norm_before_residual}))
+    module = load_head("eagle3", str(folder), target).module
+    assert module.config.norm_before_residual is norm_before_residual
+    generator = torch.Generator().manual_seed(2)
+    embed, fused = torch.randn(1, 32, generator=generator), torch.randn(1, 32, generator=generator)
+    out = module.step(embed, fused, 0, HeadCache())
+    layer, config = module.midlayer, module.config
+    with torch.inference_mode():
+        joint = torch.cat([layer.input_layernorm(embed), layer.hidden_norm(fused)], -1)
+        values = layer.self_attn.v_proj(joint).view(config.num_key_value_heads, config.dim)
+        mixed = values.repeat_interleave(config.num_attention_heads // config.num_key_value_heads, 0).reshape(1, -1)
+        residual = layer.hidden_norm(fused) if norm_before_residual else fused
+        expected = residual + layer.self_attn.o_proj(mixed)
+        expected = expected + layer.mlp(layer.post_attention_layernorm(expected))
+    assert torch.allclose(out, expected, atol=1e-5)
+    (folder / "config.json").write_text(json.dumps({**raw, "num_hidden_layers": 2}))
+    with pytest.raises(ModelError, match="one decoder layer"):
+        load_head("eagle3", str(folder), target)
 
 
 def test_medusa_checkpoints_in_medusas_and_vllms_layouts_load_alike(heads, target, tmp_path) -> None:

@@ -8,6 +8,9 @@ them, ``g_s = fc(cat(h_low, h_mid, h_high))``, and pairs ``g_s`` with the *next*
     a_s = cat(input_layernorm(embed(x_{s+1})), hidden_norm(g_s)),
     o_s = g_s + o_proj(attention(a_s)),   o_s ← o_s + mlp(post_attention_layernorm(o_s)),
 
+(``norm_before_residual``, as SpecForge trains some heads: ``hidden_norm(g_s)`` instead of ``g_s``
+starts the residual stream),
+
 then ``lm_head(norm(o_s))`` gives logits over the draft vocabulary for ``x_{s+2}``. Drafting
 further, the head feeds back its own output: the pair ``(o_s, x̂_{s+2})`` at position ``s + 1``.
 Draft id ``i`` is target id ``i + d2t[i]``; the logits are spread onto the target's vocabulary
@@ -46,6 +49,7 @@ class Eagle3Config:
     rope_theta: float = 10000.0
     head_dim: int | None = None
     aux_layer_ids: list[int] | None = None
+    norm_before_residual: bool = False  # SpecForge's variant: the residual stream starts from hidden_norm(g), not g
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -67,6 +71,7 @@ class Eagle3Config:
             head_dim=int(raw["head_dim"]) if raw.get("head_dim") else None,
             aux_layer_ids=[int(i) for i in eagle["eagle_aux_hidden_state_layer_ids"]]
             if eagle.get("eagle_aux_hidden_state_layer_ids") else None,
+            norm_before_residual=bool(raw.get("norm_before_residual", eagle.get("norm_before_residual", False))),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -80,6 +85,8 @@ class Eagle3Config:
             raw["head_dim"] = self.head_dim
         if self.aux_layer_ids:
             raw["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(self.aux_layer_ids)}
+        if self.norm_before_residual:
+            raw["norm_before_residual"] = True
         return raw
 
 
@@ -200,7 +207,8 @@ class Eagle3Head(nn.Module):
         dtype = self.fc.weight.dtype
         embeds, hidden = embeds.to(dtype), hidden.to(dtype)
         rows, count = hidden.shape[0], hidden.shape[1]
-        joint = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)
+        normed = layer.hidden_norm(hidden)
+        joint = torch.cat([layer.input_layernorm(embeds), normed], dim=-1)
         attn = layer.self_attn
         heads, kv_heads, dim = config.num_attention_heads, config.num_key_value_heads, config.dim
         cos, sin = cos[:, None].to(joint.dtype), sin[:, None].to(joint.dtype)
@@ -210,7 +218,8 @@ class Eagle3Head(nn.Module):
         keys, values = attend(keys, values)
         mixed = nn.functional.scaled_dot_product_attention(queries, keys.to(queries.dtype), values.to(queries.dtype),
                                                            attn_mask=mask, enable_gqa=heads != kv_heads)
-        out = hidden + attn.o_proj(mixed.transpose(1, 2).reshape(rows, count, heads * dim))
+        residual = normed if config.norm_before_residual else hidden
+        out = residual + attn.o_proj(mixed.transpose(1, 2).reshape(rows, count, heads * dim))
         return out + layer.mlp(layer.post_attention_layernorm(out))
 
     @torch.inference_mode()

@@ -213,6 +213,9 @@ def load_head(kind: str, path_or_id: str, target: LoadedModel, local_only: bool 
         else:
             if ARCHITECTURE not in (raw.get("architectures") or []):
                 raise ModelError(f"{folder}/config.json does not declare {ARCHITECTURE}: not an EAGLE-3 head")
+            if int(raw.get("num_hidden_layers", 1) or 1) != 1:
+                raise ModelError(f"{folder}/config.json has num_hidden_layers {raw.get('num_hidden_layers')}: this lab reads "
+                                 "EAGLE-3 heads of one decoder layer (midlayer), as the EAGLE authors publish them")
             head_config = Eagle3Config.from_json(raw)
             _fits("target_hidden_size", head_config.target_hidden_size, hidden)
             _fits("vocab_size", head_config.vocab_size, vocab)
