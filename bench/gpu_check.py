@@ -10,6 +10,10 @@ dtype it runs, timing each part, and prints one JSON summary on stdout (progress
   second lossless row × 8 seeds) as one continuous batch, positions/s, against the same rows one at a time;
 - ``inspect_laws``: ``RunLaws`` (Inspect's exact p and q at every position of a 128-token run) on
   CUDA against the same on CPU in float32 (the largest difference of any law entry);
+- ``heads``: an EAGLE-3 head and Medusa heads written by ``make_head`` for the target, 16 rows each
+  as one batch (EAGLE-3 a chain of γ 3, Medusa a sparse ``medusa_choices`` tree), positions/s, and
+  the recorded ``q`` against the head's law recomputed from scratch (``heads.check``; its 1e-4
+  tolerance is for float32, so bfloat16 reports the largest difference);
 - ``bench``: ``python -m diagnostics bench --device cuda --quick`` (ratios against plain decoding
   and Hugging Face ``generate`` measured in the same run).
 
@@ -104,6 +108,33 @@ def inspect_laws(target, tokens: int) -> dict:
             "device": str(rows[0].device) if rows else None, "cuda": torch.cuda.is_available()}
 
 
+def heads(target, tokens: int) -> dict:
+    import tempfile
+
+    from diagnostics.engine import generate_batch
+    from diagnostics.heads.check import check_run
+    from diagnostics.heads.layout import load_head, make_head
+    from diagnostics.runner import encode_prompt
+
+    prompt = encode_prompt(target, PROMPT)
+    figures = {}
+    with tempfile.TemporaryDirectory() as folder:
+        for kind, shape in (("eagle3", {"gamma": 3}), ("medusa", {"tree": "[[0],[1],[2],[0,0],[1,0],[0,0,0]]"})):
+            head = load_head(kind, str(make_head(kind, target, Path(folder) / kind, init="target" if kind == "medusa" else "random")),
+                             target)
+            started = time.perf_counter()
+            runs = generate_batch(target, head, [prompt] * 16, "lossless", list(range(16)), max_new_tokens=tokens,
+                                  eos_token_id=[], **shape)
+            seconds = time.perf_counter() - started
+            checks = [check_run(run, head, target, limit=16) for run in runs[:2]]
+            positions = sum(len(run.tokens) for run in runs)
+            figures[kind] = {"shape": shape, "positions": positions, "seconds": seconds, "positions_per_s": positions / seconds,
+                             "accepted": sum(run.accepted for run in runs),
+                             "q_checked": sum(check.positions for check in checks),
+                             "q_max_error": max(check.max_error for check in checks)}
+    return figures
+
+
 def bench(dtype: str) -> dict:
     out = Path("/tmp/gpu_check_bench.json")
     started = time.perf_counter()
@@ -142,6 +173,7 @@ def main() -> int:
         parts = [("tree_run", lambda: tree_run(target, args.tokens)),
                  ("batched_sweep", lambda: batched_sweep(target, max(1, args.tokens // 2))),
                  ("inspect_laws", lambda: inspect_laws(target, args.tokens)),
+                 ("heads", lambda: heads(target, max(1, args.tokens // 2))),
                  ("engine_audit", lambda: engine_audit(dtype, args.generations)), ("bench", lambda: bench(dtype))]
         for name, part in parts:
             if time.perf_counter() - began > args.budget_s:
