@@ -260,6 +260,7 @@ def test_make_head_and_run_from_the_cli(tmp_path, capsys) -> None:
 def test_inspect_recomputes_a_stored_head_runs_q(tmp_path) -> None:
     """A head run stored and reopened: Inspect's laws (all positions, and one position's) give the
     recorded q; the head's folder is named among the models a shared file would make us load."""
+    from diagnostics.audit.recorded import audit_recorded_run
     from diagnostics.inspection import RunLaws, draft_model, exact_laws, models_to_load
     from diagnostics.models import load_draft, load_model
     from diagnostics.runner import RunRequest, record_run
@@ -284,3 +285,10 @@ def test_inspect_recomputes_a_stored_head_runs_q(tmp_path) -> None:
             assert abs(float(q_draft[int(record["draft_token"])]) - record["q_draft"]) < 1e-5
         _, q_once = exact_laws(run, records[-1], target, head)
         assert abs(float(q_once[int(records[-1]["draft_token"])]) - records[-1]["q_draft"]) < 1e-5
+        # The recorded-run audit (audit --run ID --load-models) recomputes q the same way: the
+        # correct run passes, a run drafted with the state paired one token off fails on q.
+        assert audit_recorded_run(store, run_id, target).verdict == "pass"
+        planted_id, _ = record_run(store, target, dataclasses.replace(load_draft(spec, target), planted="pairing_off_by_one"),
+                                   request)
+        audit = audit_recorded_run(store, planted_id, target)
+        assert audit.verdict == "fail" and {flag["check"] for flag in audit.flags} == {"q recomputed"}, audit.flags

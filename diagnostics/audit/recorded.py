@@ -77,8 +77,9 @@ def audit_recorded_run(store, run_id: str, target=None, z_limit: float = 4.0, p_
     token with ``q(x) = 0`` and no emitted token with ``p(y) = 0``; the accepted count against
     ``Σ α`` (z-score, ``|z| > z_limit`` flags); and, when ``target`` (the run's model) is given,
     ``p`` and ``q`` recomputed by teacher-forced forwards (one per model over prompt + output,
-    ``inspection.RunLaws``: equal to a plain forward on each committed prefix) must reproduce the
-    recorded ``a(x)``, top-k of ``p``, draft, fallback and bonus tokens from the stored uniforms.
+    ``inspection.RunLaws``: equal to a plain forward on each committed prefix; a draft head's ``q``
+    from ``heads.check``) must reproduce the recorded ``q(x)``, ``a(x)``, top-k of ``p``, draft,
+    fallback and bonus tokens from the stored uniforms.
     """
     from diagnostics.inspection import RunLaws, draft_model
 
@@ -131,6 +132,12 @@ def audit_recorded_run(store, run_id: str, target=None, z_limit: float = 4.0, p_
         if difference > p_tolerance:
             flag(position, "p recomputed", f"recorded p differs from a plain forward on the prefix by {difference:.3g}")
             continue
+        if q_draft is not None and present(record.get("q_draft")):
+            q_difference = abs(float(q_draft[int(record["draft_token"])]) - float(record["q_draft"]))
+            if q_difference > p_tolerance:  # e.g. a draft head fed the wrong state: the output law stays exact, q does not
+                flag(position, "q recomputed", f"recorded q(x) differs from the drafter's law recomputed on the prefix "
+                                               f"by {q_difference:.3g}")
+                continue
         if kind == "bonus":
             expected = int(sample_inverse_cdf(rule.bonus(p_target), torch.tensor(record["u_fallback"])))
             if expected != record["token"]:
