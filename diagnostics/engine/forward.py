@@ -72,7 +72,7 @@ class Output:
     taps: torch.Tensor | None = None  # [n, k·H]: the tapped hidden states of every input (a draft head's features)
 
 
-def _uniform(requests: list[Forward]) -> bool:
+def lock_step(requests: list[Forward]) -> bool:
     """Plain causal requests with one ``start`` and one ``n``: the unbatched forward's shape, no mask."""
     first = requests[0]
     return all(r.plain and r.start == first.start and r.size == first.size for r in requests)
@@ -237,7 +237,7 @@ class DirectStage:
         self.store.prepare([r.slot for r in requests], [r.start for r in requests], count, hidden.device)
         parts.capture = {} if self.taps else None
         try:
-            if _uniform(requests):
+            if lock_step(requests):
                 hidden = parts.run(hidden, requests[0].start, self.layers, self.store)
             else:
                 width = self.store.get_seq_length()
@@ -276,7 +276,7 @@ class ModuleStage:
         ids = torch.tensor([list(r.tokens) + [0] * (count - r.size) for r in requests], dtype=torch.long, device=device)
         width = self.store.prepare([r.slot for r in requests], [r.start for r in requests], count, device)
         extra: dict[str, Any] = {"position_ids": positions_of(requests, count, device)}
-        if not _uniform(requests):
+        if not lock_step(requests):
             extra["attention_mask"] = additive_mask(requests, count, width, torch.float32, device)
         logits = self.loaded.model(input_ids=ids, past_key_values=self.store, use_cache=True, **extra).logits.float()
         if len(requests) == 1:

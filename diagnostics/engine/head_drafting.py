@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from diagnostics.engine.drafting import Asks, Draw, fit_vocabulary
-from diagnostics.engine.forward import Forward, Output, SlotStore, _uniform, additive_mask, positions_of
+from diagnostics.engine.forward import Forward, Output, SlotStore, additive_mask, lock_step, positions_of
 from diagnostics.engine.tree_attention import TokenTree
 from diagnostics.engine.tree_draft import DraftTree, TreeSpec, Uniform, finish, grow
 from diagnostics.policy import Policy, probabilities
@@ -57,7 +57,7 @@ class HeadStage:
             hidden[row, : request.size] = request.hidden.to(dtype)
         width = self.store.prepare([r.slot for r in requests], [r.start for r in requests], count, device)
         # One input per row at one common start: every key of the row is visible, no mask needed.
-        mask = None if count == 1 and _uniform(requests) else additive_mask(requests, count, width, dtype, device)
+        mask = None if count == 1 and lock_step(requests) else additive_mask(requests, count, width, dtype, device)
         out = head.step_rows(self.embed(ids), hidden, positions_of(requests, count, device), mask, self.store)
         kept = torch.cat([out[row, r.size - r.keep : r.size] for row, r in enumerate(requests)])
         logits = torch.split(head.logits(kept, self.vocab), [r.keep for r in requests])
