@@ -160,6 +160,7 @@ def law_figure(view: StepView, top_n: int = 30, show_fallback: bool | None = Non
         barmode="group",
         title=f"{html.escape(view.spec)}: target, draft, induced law and matched baseline (tokens by p)",
         xaxis_title="token",
+        xaxis_type="category",  # tokens such as "1" and "2" must not become numbers on a linear axis
         yaxis_title="probability",
         yaxis_range=[-0.07 * top, top * 1.3],
         # A legend beside the plot never covers a bar (below it, it hid the fallback law).
@@ -223,7 +224,7 @@ def divergence_figure(p_target: torch.Tensor, q_draft: torch.Tensor, steps: list
         figure.update_yaxes(range=[0, 1.05], title_text="probability", row=1, col=2)
     figure.update_yaxes(title_text="probability", range=[0, tallest * 1.35], row=1, col=1)
     figure.update_layout(barmode="group", height=440, margin={"t": 40, "b": 40, "l": 50, "r": 10},
-                         legend={"orientation": "h", "y": -0.15})
+                         legend={"orientation": "h", "y": -0.15}, xaxis_type="category")
     return figure
 
 
@@ -388,7 +389,7 @@ def tracks_figure(positions: "object", selected: int | None = None, divergence: 
         figure.add_annotation(x=divergence, y=1.0, xref="x", yref="paper", yanchor="bottom", showarrow=False,
                               text="first divergence", font={"color": "#cf222e"})
     figure.update_layout(shapes=shapes)
-    figure.update_layout(height=720, margin={"t": 40, "b": 30, "l": 50, "r": 10}, legend={"orientation": "h", "y": -0.06},
+    figure.update_layout(height=740, margin={"t": 40, "b": 30, "l": 50, "r": 10}, legend={"orientation": "h", "y": -0.1},
                          clickmode="event+select", hovermode="x unified")
     figure.update_xaxes(title_text="position", row=5, col=1)
     return figure
@@ -493,7 +494,7 @@ def tree_candidates_figure(view: "object", top_n: int = 20, emitted_token: int |
     _mark_tokens(figure, labels, tokens, marks, height)
     figure.update_layout(barmode="group", height=420, margin={"l": 10, "r": 10, "t": 40, "b": 10},
                          title="Candidates (left, in the order tried) and the law after each refusal; then the likeliest tokens",
-                         legend={"orientation": "v", "x": 1.02, "y": 1}, yaxis_title="probability")
+                         legend={"orientation": "v", "x": 1.02, "y": 1}, yaxis_title="probability", xaxis_type="category")
     return figure
 
 
@@ -558,15 +559,18 @@ def tree_round_figure(nodes: "object", selected_node: int | None = None, decode=
         sizes = [18 if selected_node is not None and int(row["node"]) == selected_node else 12 for row, _ in chosen]
         figure.add_scatter(
             x=[int(row["depth"]) for row, _ in chosen], y=[y_value for _, y_value in chosen], mode="markers+text", name=decision,
-            text=[safe_label(row.get("token_text") or str(row["token"]), 12) for row, _ in chosen], textposition="middle right",
+            text=[safe_label(row.get("token_text") or str(row["token"]), 12).replace(" ", "␣") for row, _ in chosen],
+            textposition="middle right",
             marker={"size": sizes, "color": color, "line": {"width": 1, "color": "#333333"}},
             hovertext=[hover(row) for row, _ in chosen], hoverinfo="text",
         )
     depth = max([int(row["depth"]) for row in rows] or [1])
+    # The legend sits at the top right: below the axis it covered the depth-0 tick.
     figure.update_layout(height=max(260, 26 * max(len(rows), 4)), margin={"l": 10, "r": 10, "t": 40, "b": 10},
                          title="This round's tree: accepted path green, refused red, untried grey",
                          xaxis={"title": "depth", "dtick": 1, "range": [-0.5, depth + 0.9]},
-                         yaxis={"visible": False}, legend={"orientation": "h", "y": -0.1})
+                         yaxis={"visible": False},
+                         legend={"orientation": "h", "x": 1, "xanchor": "right", "y": 1.02, "yanchor": "bottom"})
     return figure
 
 

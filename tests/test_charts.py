@@ -157,7 +157,32 @@ def test_tree_figures_escape_token_text_and_mark_the_path() -> None:
     assert set(traces) == {"accepted", "refused", "untried"} and list(traces["accepted"].x) == [1]
 
 
-def test_modelled_tree_speedup() -> None:
+def test_token_axes_stay_categories_when_tokens_look_like_numbers() -> None:
+    """Digits are common tokens: a Plotly axis infers "linear" from labels "1", "2", … and then
+    draws the bars at those numbers (seen on Inspect: ticks 0–8, no token names). Every token axis
+    is a category axis, and a space is drawn as ␣ in the tree too."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from diagnostics.charts import divergence_figure, law_figure, tree_candidates_figure, tree_round_figure
+
+    p_target = torch.tensor([0.5, 0.3, 0.15, 0.05], dtype=torch.float64)
+    q_draft = torch.tensor([0.1, 0.6, 0.2, 0.1], dtype=torch.float64)
+    labels = ["1", "2", "10", " 3"]
+    view = explain_step(get_rule("lossless"), p_target, q_draft, labels)
+    assert law_figure(view, draft_token=1, emitted_token=0).to_plotly_json()["layout"]["xaxis"]["type"] == "category"
+    steps = [(view, {"kind": "rejected", "token": 0, "draft_token": 1, "accept_prob": 0.5, "u_accept": 0.7})]
+    assert divergence_figure(p_target, q_draft, steps).to_plotly_json()["layout"]["xaxis"]["type"] == "category"
+    nodes = pd.DataFrame([
+        {"node": 0, "parent": -1, "depth": 1, "sibling": 0, "token": 1, "token_text": " 3", "p_token": 0.3, "q_token": 0.6,
+         "residual": 0.3, "accept_prob": 0.5, "u_accept": 0.7, "decision": "refused", "reach": 0.6},
+    ])
+    texts = [text for trace in tree_round_figure(nodes).data if trace.name == "refused" for text in trace.text]
+    assert texts == ["␣3"]
+    node_view = SimpleNamespace(p_target=p_target, law=p_target, laws=[p_target, p_target], labels=labels,
+                                candidates=[{"index": 1, "label": "2", "decision": "refused", "accept_prob": 0.5}])
+    assert tree_candidates_figure(node_view, emitted_token=0).to_plotly_json()["layout"]["xaxis"]["type"] == "category"
     from diagnostics.metrics import modelled_tree_speedup
 
     assert modelled_tree_speedup(3.0, 3, 0.5) == 3.0 / 2.5

@@ -119,3 +119,19 @@ def test_literal_text_is_a_code_span_that_renders_nothing() -> None:
     assert markdown_literal(":material/home:") == "` :material `/` home: `"
     assert markdown_literal("x:material/") == "` x:material `/"
     assert visible("café\x00") == "café\\x00"
+
+
+def test_run_labels_tell_runs_of_one_prompt_apart() -> None:
+    """Twenty runs of one prompt read alike by id, rule and status alone: the label adds the draft (a
+    folder by its last part), the tree and the start time, as plain text (control characters escaped)."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from views.common import run_label
+
+    row = SimpleNamespace(run_id="db6b75ae8a6e", rule="lossless", draft="medusa:/tmp/heads/medusa_t", tree="[[0],[1]]",
+                          status="complete", created=pd.Timestamp("2026-12-03 19:21:05"), prompt="Count:\n1, 2")
+    assert run_label(row) == "db6b75ae8a6e · lossless · medusa:medusa_t tree [[0],[1]] · complete · 12-03 19:21 · Count:\\n1, 2"
+    bare = SimpleNamespace(run_id="a", rule="lossless", draft=None, tree=None, status="running", created=pd.NaT, prompt="x")
+    assert run_label(bare) == "a · lossless · plain · running · x"

@@ -299,7 +299,9 @@ verdict = evidence["verdict"]
 headline = {"fail": "**FAIL** · ", "inconclusive": "**INCONCLUSIVE** · "}.get(verdict, "**PASS** · ")
 if evidence.get("layer") == "recorded":
     headline += recorded_claim(evidence, verdict == "fail") + " · "
-banner = {"fail": (st.error, "🚨"), "inconclusive": (st.warning, "⚠️")}.get(verdict, (st.success, "✅"))
+# Material symbols (Streamlit's bundled icon font), not emoji: without an emoji font those draw as empty boxes.
+banner = {"fail": (st.error, ":material/error:"), "inconclusive": (st.warning, ":material/warning:")}.get(
+    verdict, (st.success, ":material/check_circle:"))
 banner[0](headline + md("{line}", line=line_without_verdict(evidence)), icon=banner[1])
 for reason in evidence.get("reasons") or []:
     st.markdown(f"- {literal(reason)}")

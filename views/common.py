@@ -153,8 +153,17 @@ def file_name_part(text: object) -> str:
 
 
 def run_label(row) -> str:
-    """A run in a select box: id, rule, status and the start of its prompt, as plain text."""
-    return plain(f"{row.run_id} · {row.rule} · {row.status} · {str(row.prompt)[:40]}")
+    """A run in a select box: id, rule, draft (a folder by its last part), tree, status, start time
+    and the start of its prompt, as plain text: runs of one prompt differ by their draft and time."""
+    draft = str(getattr(row, "draft", None) or "plain")
+    kind, _, where = draft.partition(":")
+    if "/" in where:
+        draft = f"{kind}:{where.rstrip('/').rsplit('/', 1)[-1]}"
+    tree = getattr(row, "tree", None)
+    shape = f" tree {tree}" if isinstance(tree, str) and tree else ""
+    created = getattr(row, "created", None)
+    when = f" · {created:%m-%d %H:%M}" if hasattr(created, "strftime") and created == created else ""
+    return plain(f"{row.run_id} · {row.rule} · {draft[:32]}{shape[:32]} · {row.status}{when} · {str(row.prompt)[:40]}")
 
 
 def show_error(error: object) -> None:
