@@ -25,8 +25,8 @@ import torch
 
 from diagnostics.engine.chain import chain_row
 from diagnostics.engine.drafting import ModelDrafter, NgramDrafter, TargetScorer
-from diagnostics.engine.forward import SlotStore, full_stage
-from diagnostics.engine.head_drafting import HeadDrafter, HeadStage
+from diagnostics.engine.forward import full_stage
+from diagnostics.engine.head_drafting import HeadDrafter, head_stage
 from diagnostics.engine.records import PositionRecord, Run
 from diagnostics.engine.seams import CORRECT, EngineSeams
 from diagnostics.engine.self_speculation import LayerSplitRow, SelfDrafter, SplitScorer, SplitStages, split_layer
@@ -143,10 +143,8 @@ class _Pair:
             self.target_stage = full_stage(target, rows, capacity, order=1,
                                            taps=source.head.engine_taps if source.kind == "head" else None)
             self.draft_stage = full_stage(source.loaded, rows, capacity, order=0) if source.kind == "model" else None
-        self.head_stage = None
-        if source.kind == "head" and source.head.kind == "eagle3":  # every row's head layer in one call
-            self.head_stage = HeadStage(source.head.module, target.model.get_input_embeddings(), SlotStore(rows, capacity),
-                                        int(target.vocab_size))
+        # Every row's head in one call per step (an EAGLE-3 head's keys and values in a slot per row).
+        self.head_stage = head_stage(source.head, target, rows, capacity) if source.kind == "head" else None
 
     def row(self, plan: RowPlan) -> tuple[Any, Any, Callable[[], None]]:
         """The drafter and scorer of one new row, and how to give its slots back."""
@@ -167,7 +165,7 @@ class _Pair:
         elif source.kind == "object":
             drafter = source.custom
         elif source.kind == "head":
-            head_slot = self.head_stage.store.attach() if self.head_stage is not None else None
+            head_slot = self.head_stage.store.attach() if source.head.kind == "eagle3" else None
             drafter = HeadDrafter(source.head, scorer, self.target, plan.draft_policy, planted=source.head.planted,
                                   stage=self.head_stage, slot=0 if head_slot is None else head_slot)
         elif source.kind == "model":

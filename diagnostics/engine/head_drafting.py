@@ -64,18 +64,39 @@ class HeadStage:
         return [Output(logits=row_logits, hidden=out[row, : r.size]) for row, (row_logits, r) in enumerate(zip(logits, requests))]
 
 
+class MedusaStage:
+    """Medusa heads for every row waiting on them, in one call per head (``MedusaHeads.logits_by_head``).
+
+    A request's ``hidden`` ``[k, H]`` repeats the target's last-layer state (before its final norm)
+    ``k`` times: input ``j`` goes to head ``j``. It gets back the logits of heads ``0 … k − 1`` ``[k, V]``.
+    Heads keep no cache, so the slot and start are unused."""
+
+    def __init__(self, heads: Any, norm: Any, order: int = 0) -> None:
+        self.heads, self.norm, self.order = heads, norm, order
+        self.takes_hidden, self.keeps_hidden = True, False
+
+    @torch.inference_mode()
+    def run(self, requests: list[Forward]) -> list[Output]:
+        count = max(r.size for r in requests)
+        first = requests[0].hidden
+        hidden = first.new_zeros((len(requests), count, first.shape[-1]))
+        for row, request in enumerate(requests):
+            hidden[row, : request.size] = request.hidden
+        logits = self.heads.logits_by_head(self.norm(hidden.to(self.norm.weight.dtype)))
+        return [Output(logits=logits[row, : r.size]) for row, r in enumerate(requests)]
+
+
 class HeadDrafter:
-    """One row's drafts from a ``heads.LoadedHead``, reading ``scorer.features``; an EAGLE-3 head runs
-    on ``stage`` (a ``HeadStage``) in the row's ``slot``."""
+    """One row's drafts from a ``heads.LoadedHead``, reading ``scorer.features``; the head runs on
+    ``stage`` (``head_stage`` builds it, shared by a batch's rows), an EAGLE-3 head in the row's ``slot``."""
 
     def __init__(self, head: Any, scorer: Any, target: Any, policy: Policy, planted: str | None = None,
-                 stage: HeadStage | None = None, slot: int = 0) -> None:
+                 stage: Any = None, slot: int = 0) -> None:
         self.head, self.scorer, self.policy = head, scorer, policy
         self.name = head.name
-        self.norm = target.model.model.norm
-        if stage is None and head.kind == "eagle3":  # a row on its own: a stage of one slot
-            stage = HeadStage(head.module, target.model.get_input_embeddings(), SlotStore(1), int(target.vocab_size))
-            slot = stage.store.attach()
+        if stage is None:  # a row on its own: a stage of one slot
+            stage = head_stage(head, target, 1, 64)
+            slot = stage.store.attach() if head.kind == "eagle3" else 0
         self.stage, self.slot = stage, slot
         self.pairs = 0  # EAGLE-3 pairs in the head's cache computed from the target's features
         self.planted = planted
@@ -85,7 +106,7 @@ class HeadDrafter:
         if features is None:
             return [], torch.empty(0, vocab, dtype=torch.float64)
         if self.head.kind == "medusa":
-            return self._medusa(features, known, count, draw, vocab, eos)
+            return (yield from self._medusa(features, known, count, draw, vocab, eos))
         return (yield from self._eagle3(committed, features, known, count, draw, vocab, eos))
 
     def _features(self, committed: list[int]) -> tuple[torch.Tensor | None, int]:
@@ -100,15 +121,17 @@ class HeadDrafter:
         q_draft = probabilities(fit_vocabulary(logits, vocab), self.policy)
         return draw(q_draft, index), q_draft
 
-    @torch.inference_mode()
-    def _medusa(self, features: torch.Tensor, known: int, count: int, draw: Draw, vocab: int, eos: set[int]):
-        heads = self.head.module
-        count = min(count, heads.config.medusa_num_heads)
+    def _medusa_logits(self, features: torch.Tensor, known: int, count: int) -> Asks:
+        """Logits of heads ``0 … count − 1`` at the state whose law gave the last committed token."""
         # planted: the state one position older than the one whose law gave the last committed token
         state = known - 2 if self.planted == "pairing_off_by_one" and known >= 2 else known - 1
-        hidden = self.norm(features[state].to(self.norm.weight.dtype))
+        output = yield Forward(self.stage, self.slot, 0, hidden=features[state].expand(count, -1))
+        return output.logits
+
+    def _medusa(self, features: torch.Tensor, known: int, count: int, draw: Draw, vocab: int, eos: set[int]) -> Asks:
+        count = min(count, self.head.module.config.medusa_num_heads)
         tokens, laws = [], []
-        for index, logits in enumerate(heads.logits(hidden, count)):
+        for index, logits in enumerate((yield from self._medusa_logits(features, known, count))):
             token, q_draft = self._draw(logits, index, draw, vocab)
             tokens.append(token)
             laws.append(q_draft)
@@ -156,11 +179,9 @@ class HeadDrafter:
         if features is None:
             return _empty_tree(vocab)
         if self.head.kind == "medusa":
-            heads = self.head.module
-            spec = spec.limited(heads.config.medusa_num_heads)
-            state = known - 2 if self.planted == "pairing_off_by_one" and known >= 2 else known - 1
-            hidden = self.norm(features[state].to(self.norm.weight.dtype))
-            laws = [probabilities(fit_vocabulary(logits, vocab), self.policy) for logits in heads.logits(hidden, spec.max_depth)]
+            spec = spec.limited(self.head.module.config.medusa_num_heads)
+            laws = [probabilities(fit_vocabulary(logits, vocab), self.policy)
+                    for logits in (yield from self._medusa_logits(features, known, spec.max_depth))]
 
             def expand_medusa(built, level: list[int]):
                 yield from ()
@@ -201,10 +222,17 @@ class HeadDrafter:
         self.commit(prefix_length)
 
 
+def head_stage(head: Any, target: Any, rows: int, capacity: int) -> HeadStage | MedusaStage:
+    """The stage a batch's rows run ``head`` on: an EAGLE-3 head's layer with a slot per row, or Medusa's heads."""
+    if head.kind == "medusa":
+        return MedusaStage(head.module, target.model.model.norm)
+    return HeadStage(head.module, target.model.get_input_embeddings(), SlotStore(rows, capacity), int(target.vocab_size))
+
+
 def _empty_tree(vocab: int) -> DraftTree:
     """No drafts (the first round, before the target has scored anything): the target emits alone."""
     return DraftTree(tree=TokenTree(parents=(), tokens=()), q_laws=torch.zeros(1, vocab, dtype=torch.float64),
                      q_token=[], u_draft=[], cache_rows=[])
 
 
-__all__ = ["HeadDrafter", "HeadStage", "PLANTED"]
+__all__ = ["HeadDrafter", "HeadStage", "MedusaStage", "PLANTED", "head_stage"]

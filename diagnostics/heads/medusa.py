@@ -56,9 +56,14 @@ class MedusaHeads(nn.Module):
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor, count: int) -> torch.Tensor:
         """Float32 logits ``[count, V]`` of heads ``0 … count−1`` at one normed hidden state ``[H]``."""
+        return self.logits_by_head(hidden.expand(count, -1)[None])[0]
+
+    @torch.inference_mode()
+    def logits_by_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Many rows at once: ``hidden`` ``[B, K, H]``, head ``j`` applied to column ``j`` → float32 ``[B, K, V]``."""
         weight = self.heads[0][-1].weight
         hidden = hidden.to(weight.dtype)
-        return torch.stack([self.heads[index](hidden).float() for index in range(count)])
+        return torch.stack([self.heads[index](hidden[:, index]).float() for index in range(hidden.shape[1])], dim=1)
 
     def published_state(self) -> dict[str, torch.Tensor]:
         """The weights under Medusa's key names (``0.0.linear.weight`` … ``0.{L}.weight``)."""
