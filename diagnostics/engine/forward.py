@@ -189,6 +189,15 @@ def positions_of(requests: list[Forward], count: int, device: torch.device) -> t
     return torch.stack(rows).to(device)
 
 
+def padded_hidden(requests: list[Forward], count: int) -> torch.Tensor:
+    """``[B, count, H]``: each row's ``hidden`` inputs, zeros after them (padded queries' outputs are dropped)."""
+    first = requests[0].hidden
+    hidden = first.new_zeros((len(requests), count, first.shape[-1]))
+    for row, request in enumerate(requests):
+        hidden[row, : request.size] = request.hidden
+    return hidden
+
+
 def _kept_rows(requests: list[Forward], count: int) -> torch.Tensor:
     """Flat indices ``b·Q + i`` of each row's last ``keep`` real inputs, row after row."""
     index = []
@@ -227,10 +236,7 @@ class DirectStage:
         parts = self.parts
         count = max(r.size for r in requests)
         if self.takes_hidden:
-            first = requests[0].hidden
-            hidden = first.new_zeros((len(requests), count, first.shape[-1]))
-            for row, request in enumerate(requests):
-                hidden[row, : request.size] = request.hidden
+            hidden = padded_hidden(requests, count)
         else:
             ids = [list(r.tokens) + [0] * (count - r.size) for r in requests]
             hidden = parts.embed(torch.tensor(ids, dtype=torch.long, device=parts.device))

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from diagnostics.engine.drafting import Asks, Draw, fit_vocabulary
-from diagnostics.engine.forward import Forward, Output, SlotStore, additive_mask, lock_step, positions_of
+from diagnostics.engine.forward import Forward, Output, SlotStore, additive_mask, lock_step, padded_hidden, positions_of
 from diagnostics.engine.tree_attention import TokenTree
 from diagnostics.engine.tree_draft import DraftTree, TreeSpec, Uniform, finish, grow
 from diagnostics.policy import Policy, probabilities
@@ -52,9 +52,7 @@ class HeadStage:
         device, dtype = head.fc.weight.device, head.fc.weight.dtype
         count = max(r.size for r in requests)
         ids = torch.tensor([list(r.tokens) + [0] * (count - r.size) for r in requests], dtype=torch.long, device=device)
-        hidden = torch.zeros(len(requests), count, head.config.hidden_size, dtype=dtype, device=device)
-        for row, request in enumerate(requests):
-            hidden[row, : request.size] = request.hidden.to(dtype)
+        hidden = padded_hidden(requests, count).to(device=device, dtype=dtype)
         width = self.store.prepare([r.slot for r in requests], [r.start for r in requests], count, device)
         # One input per row at one common start: every key of the row is visible, no mask needed.
         mask = None if count == 1 and lock_step(requests) else additive_mask(requests, count, width, dtype, device)
@@ -78,10 +76,7 @@ class MedusaStage:
     @torch.inference_mode()
     def run(self, requests: list[Forward]) -> list[Output]:
         count = max(r.size for r in requests)
-        first = requests[0].hidden
-        hidden = first.new_zeros((len(requests), count, first.shape[-1]))
-        for row, request in enumerate(requests):
-            hidden[row, : request.size] = request.hidden
+        hidden = padded_hidden(requests, count)
         logits = self.heads.logits_by_head(self.norm(hidden.to(self.norm.weight.dtype)))
         return [Output(logits=logits[row, : r.size]) for row, r in enumerate(requests)]
 
