@@ -56,7 +56,7 @@ def distortion_path(
     tree_k: int = 1,
 ) -> DraftPath:
     """Exact distortion curves for ``q_t = (1 − t)·q_0 + t·p``, ``t ∈ [0, 1]`` in ``steps`` points."""
-    t = torch.linspace(0.0, 1.0, steps, dtype=torch.float64)
+    t = torch.linspace(0.0, 1.0, steps, dtype=torch.float64, device=p_target.device)
     p = p_target.to(torch.float64)
     q_t = (1.0 - t[:, None]) * q_start.to(torch.float64)[None, :] + t[:, None] * p[None, :]
     p_rows = p.expand_as(q_t)

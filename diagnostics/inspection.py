@@ -127,8 +127,8 @@ def exact_laws(run: dict[str, Any], record: dict[str, Any], target: LoadedModel,
         return p_target, None
     if drafter is _LOAD:
         drafter = draft_model(run, target)
-    if drafter is None:  # n-gram: a point mass on the drafted token
-        q_draft = torch.zeros(vocab, dtype=torch.float64)
+    if drafter is None:  # n-gram: a point mass on the drafted token, on the host as p_target is
+        q_draft = torch.zeros(vocab, dtype=torch.float64, device=p_target.device)
         q_draft[int(record["draft_token"])] = 1.0
         return p_target, q_draft
     if is_draft_head(drafter):
@@ -151,7 +151,7 @@ def stored_laws(record: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | No
     index = {token: position for position, token in enumerate(ids)}
 
     def rebuild(top_ids: list[int], top_probs: list[float]) -> torch.Tensor:
-        law = torch.zeros(len(ids) + 1, dtype=torch.float64)
+        law = torch.zeros(len(ids) + 1, dtype=torch.float64, device="cpu")  # rebuilt from stored (host) columns
         for token, probability in zip(top_ids, top_probs):
             law[index[token]] = probability
         law[-1] = max(0.0, 1.0 - float(law.sum()))
@@ -247,8 +247,8 @@ class RunLaws:
             raise ValueError(f"the run drafted token id {int(record['draft_token'])}, outside this target's vocabulary of {self.vocab}")
         if self.head is not None:  # its own forward per position: a head's q depends on its block's drafts
             return head_q(self.head, self.target, self.prompt, self.tokens, record, self.draft_policy)
-        if self.q_rows is None:
-            q_draft = torch.zeros(self.vocab, dtype=torch.float64)
+        if self.q_rows is None:  # the laws come back to the host (``_Rows.logits``): the point mass is made there
+            q_draft = torch.zeros(self.vocab, dtype=torch.float64, device="cpu")
             q_draft[int(record["draft_token"])] = 1.0
             return q_draft
         return probabilities(fit_vocabulary(self.q_rows.logits(position), self.vocab), self.draft_policy)

@@ -64,7 +64,8 @@ def expected_block_efficiency(alpha: torch.Tensor | float, gamma: int) -> torch.
     """
     if gamma < 0:
         raise ValueError(f"gamma must be >= 0, got {gamma}")
-    alpha = torch.as_tensor(alpha, dtype=torch.float64)
+    # A tensor keeps its device; a number is host data.
+    alpha = torch.as_tensor(alpha, dtype=torch.float64, device=alpha.device if isinstance(alpha, torch.Tensor) else "cpu")
     powers = torch.stack([alpha**i for i in range(gamma + 1)])
     # Σ_{i=0..γ} α^i is the same quantity without the 0/0 at α = 1.
     return powers.sum(0)
@@ -83,7 +84,7 @@ def block_efficiency(emitted: int, target_passes: int) -> float:
 def log_likelihood(p_tokens) -> float:
     """``Σ_t log p_t(y_t)`` of an output under the target's policy law; ``p = 0`` counts as ``log 1e-300``
     so that one impossible token (possible under CoS) shows as a very large finite penalty."""
-    values = torch.as_tensor(list(p_tokens), dtype=torch.float64)
+    values = torch.as_tensor(list(p_tokens), dtype=torch.float64, device="cpu")  # host floats from the records
     return float(torch.log(values.clamp(min=1e-300)).sum()) if values.numel() else float("nan")
 
 

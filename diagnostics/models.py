@@ -51,6 +51,14 @@ class LoadedModel:
         return int(self.model.config.num_hidden_layers)
 
 
+def float_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Logits as the laws are computed from them: float32 for half-precision models, float64 kept.
+
+    A float64 model's logits stay float64 (rounding them to float32 would make a batched row and the
+    same row alone differ by float32's rounding, which is what float64 test models are there to avoid)."""
+    return logits if logits.dtype == torch.float64 else logits.float()
+
+
 def default_device() -> torch.device:
     """CUDA when present, else CPU."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -71,15 +71,17 @@ def uniforms(
     position: int | np.ndarray | torch.Tensor,
     slot: str | int,
     sibling: int | np.ndarray | torch.Tensor = 0,
+    device: torch.device | str = "cpu",
 ) -> torch.Tensor:
     """Uniform(0, 1) draws, one per broadcast key: ``u = (h(seed, position, slot, sibling) >> 11) / 2**53``.
 
     ``h`` chains the SplitMix64 finaliser over the four fields, each xored with its own key, so
     that neighbouring counters in any field give independent-looking words. The top 53 bits make
-    a float64 in ``[0, 1)`` with every value a multiple of ``2**-53``.
+    a float64 in ``[0, 1)`` with every value a multiple of ``2**-53``. The counter runs on the host
+    (numpy); the draws are returned on ``device``.
     """
     if all(isinstance(value, int) for value in (seed, position, sibling)):
-        return torch.tensor(uniform_scalar(seed, position, slot, sibling), dtype=torch.float64)
+        return torch.tensor(uniform_scalar(seed, position, slot, sibling), dtype=torch.float64, device=device)
     with np.errstate(over="ignore"):
         fields = np.broadcast_arrays(
             _as_u64(seed), _as_u64(position), _as_u64(slot_id(slot)), _as_u64(sibling)
@@ -88,7 +90,7 @@ def uniforms(
         for field, key in zip(fields, _FIELD_KEYS):
             state = _mix64(state ^ field ^ key)
     words = (state >> np.uint64(11)).astype(np.float64)
-    return torch.from_numpy(np.asarray(words * (1.0 / 9007199254740992.0), dtype=np.float64))
+    return torch.from_numpy(np.asarray(words * (1.0 / 9007199254740992.0), dtype=np.float64)).to(device)
 
 
 def _mix64_int(x: int) -> int:

@@ -26,7 +26,7 @@ class Pair:
 
 def dirichlet(vocab: int, concentration: float, generator: torch.Generator) -> torch.Tensor:
     """A ``Dirichlet(concentration)`` law over ``vocab`` tokens, in float64 (normalised gamma draws)."""
-    alpha = torch.full((vocab,), float(concentration), dtype=torch.float64)
+    alpha = torch.full((vocab,), float(concentration), dtype=torch.float64, device=generator.device)
     draws = torch._standard_gamma(alpha, generator=generator).clamp(min=1e-300)
     return draws / draws.sum()
 
@@ -56,8 +56,8 @@ def make_pair(
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; use one of {', '.join(PRESETS)}")
     if preset == "toy":
-        p = torch.tensor([0.05, 0.15, 0.25, 0.55], dtype=torch.float64)
-        q = torch.tensor([0.55, 0.25, 0.15, 0.05], dtype=torch.float64)
+        p = torch.tensor([0.05, 0.15, 0.25, 0.55], dtype=torch.float64, device="cpu")  # the Playground's laws live on the host
+        q = torch.tensor([0.55, 0.25, 0.15, 0.05], dtype=torch.float64, device="cpu")
         return Pair(p, q, _labels(4), PRESETS[preset])
     if vocab < 2:
         raise ValueError(f"vocabulary size must be at least 2, got {vocab}")

@@ -69,3 +69,19 @@ def tiny_folder(tmp_path_factory) -> str:
     from tiny_models import save_tiny_model
 
     return save_tiny_model(tmp_path_factory.mktemp("app") / "tiny", seed=0)
+
+
+@pytest.fixture(autouse=True)
+def strict_device(request):
+    """Every test runs under the strict-device mode (``tests/strict_device.py``): a tensor that code
+    under ``diagnostics/`` makes without ``device=`` fails the test, with the places it was made.
+    ``@pytest.mark.device_free`` opts a test out (the negative control that plants such a tensor)."""
+    from strict_device import StrictDevice
+
+    if request.node.get_closest_marker("device_free") is not None:
+        yield None
+        return
+    mode = StrictDevice()
+    with mode:
+        yield mode
+    assert not mode.places, f"tensors made without device= under diagnostics/ (a CPU tensor on a CUDA run): {mode.report()}"

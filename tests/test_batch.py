@@ -1,7 +1,9 @@
 """The batched core: a row's run in a batch is the run it gives alone, whatever shares the batch.
 
 Tokens, kinds and uniforms are equal exactly; the floats (``p``, ``q`` and the scalars computed
-from them) to the rounding of batched float32 products, measured here at under ``FLOAT_TOLERANCE``.
+from them) to ``FLOAT_TOLERANCE``. The models are float64, where a batched product and the same
+row alone round alike to ~1e-15 on any processor (in float32 the same comparison differed by up to
+2.1e-5 on one CPU and 7.4e-6 on another: a tolerance measured on one machine is a coin toss on the next).
 Rows differ in prompt length, rule, seed, policy and token budget; ``batch_size`` below the number
 of rows makes rows join as others leave (continuous batching).
 """
@@ -15,8 +17,15 @@ from tiny_models import tiny_lm
 from diagnostics.engine import EngineError, generate, generate_batch
 from diagnostics.policy import Policy
 from diagnostics.tiny import tiny_llama
+from devices import DEVICE
 
-FLOAT_TOLERANCE = 2e-5  # measured: at most 7.4e-6 on these models (float32, 2 threads)
+# Derived, not measured on one machine: float64 rows agree to ~1e-15 (measured 1.4e-15), but Llama's
+# RMSNorm rounds its input to float32 (as transformers' does), so a float64 difference that straddles
+# a float32 rounding boundary moves one normed element by one float32 ulp. Planting such a flip in
+# any layer of the target moves p by at most 6.3e-7 (measured over every layer and a quarter of the
+# dimensions). The bound is 8 float32 epsilons (9.5e-7): 20x below float32 disagreement, and a row
+# that leaked another row's keys or uniforms differs by far more.
+FLOAT_TOLERANCE = 8 * torch.finfo(torch.float32).eps
 PROMPTS = [[1, 2, 3, 4, 5, 6, 2, 3], [5, 6], [7, 1, 2, 3, 1, 2, 3, 1, 2, 3, 9], [2, 2, 2, 2], [3, 1]]
 RULES = ["lossless", "lenience:0.5", "cascade:0.3", "lossless", "typical:0.2"]
 POLICIES = [Policy(), Policy(top_k=8), Policy(temperature=0.7), Policy(top_p=0.9), Policy(min_p=0.05)]
@@ -25,7 +34,8 @@ BUDGETS = [30, 12, 25, 40, 7]
 
 @pytest.fixture(scope="module")
 def pair():
-    return tiny_llama(3, vocab=40, layers=4, sharpness=2.0, eos=39), tiny_llama(4, vocab=40, layers=2, sharpness=2.0, eos=39)
+    return (tiny_llama(3, vocab=40, layers=4, sharpness=2.0, eos=39, device=DEVICE, dtype=torch.float64),
+            tiny_llama(4, vocab=40, layers=2, sharpness=2.0, eos=39, device=DEVICE, dtype=torch.float64))
 
 
 SETUPS = {
@@ -84,7 +94,8 @@ def test_a_batched_row_is_the_run_it_gives_alone(pair, label: str) -> None:
 
 
 def test_the_tiny_test_model_batches_through_its_own_forward() -> None:
-    target, draft = tiny_lm(8, seed=10, sharpness=0.8), tiny_lm(8, seed=11, sharpness=0.8)
+    target = tiny_lm(8, seed=10, sharpness=0.8, dtype=torch.float64)
+    draft = tiny_lm(8, seed=11, sharpness=0.8, dtype=torch.float64)
     prompts = [[1, 2, 3, 4], [5], [6, 1, 2, 3, 1, 2, 3, 4]]
     alone = [generate(target, draft, prompt, gamma=3, seed=seed, max_new_tokens=9) for seed, prompt in enumerate(prompts)]
     batched = generate_batch(target, draft, prompts, "lossless", [0, 1, 2], gamma=3, max_new_tokens=9)

@@ -9,6 +9,7 @@ import torch
 from transformers import DynamicCache
 
 from diagnostics.tiny import tiny_llama
+from devices import DEVICE
 from diagnostics.engine.tree_attention import TokenTree, tree_inputs, tree_logits
 
 PREFIX = [1, 5, 2, 7, 3]
@@ -59,7 +60,7 @@ def _forward(model, mask: torch.Tensor, positions: torch.Tensor | None) -> torch
 def test_the_documented_traps_are_caught(model) -> None:
     """Negative controls: each mistake changes the logits the equality test compares."""
     expected = _sequential(model, PREFIX, TREE)
-    mask, positions = tree_inputs(len(PREFIX), TREE, torch.float32)
+    mask, positions = tree_inputs(len(PREFIX), TREE, torch.float32, device=DEVICE)
     assert torch.allclose(_forward(model, mask, positions), expected, atol=1e-4)
     zero_one = (mask == 0).to(torch.float32)  # a 0/1 float mask: added to the scores, it hides nothing
     assert not torch.allclose(_forward(model, zero_one, positions), expected, atol=1e-3)

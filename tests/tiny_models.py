@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import torch
 from transformers import LlamaConfig
 
+from devices import DEVICE
 from diagnostics.models import LoadedModel, wrap_model
 from diagnostics.tiny import tiny_llama  # noqa: F401  (re-exported for the tests)
 
@@ -67,7 +68,8 @@ class TinyCausalLM(torch.nn.Module):
             scores = scores + attention_mask.to(scores.dtype)  # additive: 0 visible, most negative hidden
         elif length > 1:  # one query (the last position) sees every key: nothing to mask
             total = keys.shape[-2]
-            causal = torch.arange(total)[None, :] > (torch.arange(length)[:, None] + total - length)
+            steps = torch.arange(total, device=scores.device)
+            causal = steps[None, :] > (steps[:length, None] + total - length)
             scores = scores.masked_fill(causal, -torch.inf)
         attended = torch.softmax(scores, dim=-1) @ values
         logits = torch.nn.functional.linear(torch.tanh(hidden + attended[:, 0]), self.head.weight)
@@ -76,8 +78,11 @@ class TinyCausalLM(torch.nn.Module):
         return SimpleNamespace(logits=logits)
 
 
-def tiny_lm(vocab: int, seed: int, sharpness: float = 1.5) -> LoadedModel:
-    return wrap_model(TinyCausalLM(vocab, seed, sharpness=sharpness).eval(), tokenizer=None, name=f"tiny-lm-{seed}")
+def tiny_lm(vocab: int, seed: int, sharpness: float = 1.5, device: str | torch.device = DEVICE,
+            dtype: torch.dtype = torch.float32) -> LoadedModel:
+    """A ``TinyCausalLM`` drawn on the CPU from ``seed``, then moved to ``device`` in ``dtype``."""
+    model = TinyCausalLM(vocab, seed, sharpness=sharpness).to(device=torch.device(device), dtype=dtype)
+    return wrap_model(model.eval(), tokenizer=None, name=f"tiny-lm-{seed}")
 
 
 def tiny_tokenizer(vocab: int):

@@ -105,17 +105,19 @@ def randomized_pits(laws: torch.Tensor, tokens: list[int], generator: torch.Gene
     """``randomized_pit`` of each row of ``laws[T, V]`` at its token, with one draw of ``V`` per row
     in order: the mass ordered before ``y`` is that of ``{v : p(v) > p(y)} ∪ {v < y : p(v) = p(y)}``,
     one comparison per entry (O(V), not a sort)."""
-    ids = torch.tensor(tokens, dtype=torch.long)
+    device = laws.device
+    ids = torch.tensor(tokens, dtype=torch.long, device=device)
     p_token = laws.gather(1, ids.reshape(-1, 1))
-    ahead = (laws > p_token) | ((laws == p_token) & (torch.arange(laws.shape[1]).reshape(1, -1) < ids.reshape(-1, 1)))
-    below = (laws * ahead).sum(dim=1)
-    return [min(1.0, float(before) + float(torch.rand((), generator=generator, dtype=torch.float64)) * float(mass))
-            for before, mass in zip(below, p_token.reshape(-1))]
+    ahead = (laws > p_token) | ((laws == p_token) & (torch.arange(laws.shape[1], device=device).reshape(1, -1) < ids.reshape(-1, 1)))
+    below = (laws * ahead).sum(dim=1).tolist()  # one host read for every row
+    draw = generator.device
+    return [min(1.0, before + float(torch.rand((), generator=generator, dtype=torch.float64, device=draw)) * mass)
+            for before, mass in zip(below, p_token.reshape(-1).tolist())]
 
 
 def _uniformity(values: list[float], bins: int):
-    counts = torch.histc(torch.tensor(values, dtype=torch.float64), bins=bins, min=0.0, max=1.0)
-    return counts, chi_square_gof(counts, torch.full((bins,), 1.0 / bins))
+    counts = torch.histc(torch.tensor(values, dtype=torch.float64, device="cpu"), bins=bins, min=0.0, max=1.0)
+    return counts, chi_square_gof(counts, torch.full((bins,), 1.0 / bins, device="cpu"))  # host statistics
 
 
 @dataclass
@@ -248,7 +250,7 @@ def engine_audit(sample: PitSample, prompt_ids: list[int], seeds: range | list[i
     seeds = list(seeds)
     by_position = sample.by_position
     pooled = [value for position in sorted(by_position) for value in by_position[position]]
-    counts, result = _uniformity(pooled, PIT_BINS) if pooled else (torch.zeros(PIT_BINS), None)
+    counts, result = _uniformity(pooled, PIT_BINS) if pooled else (torch.zeros(PIT_BINS, device="cpu"), None)
     statistic, p_value = (result.statistic, result.p_value) if result else (0.0, 1.0)
     tested = [(position, values) for position, values in sorted(by_position.items()) if len(values) >= POSITION_MIN_TOKENS]
     raw = [(position, len(values), _uniformity(values, POSITION_BINS)[1]) for position, values in tested]

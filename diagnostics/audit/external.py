@@ -153,7 +153,7 @@ def teacher_forced_batch(target: Any, sequences: Sequence[tuple[list[int], list[
         if tokens:
             by_length.setdefault(len(prompt) + len(tokens), []).append(index)
         else:
-            laws[index] = torch.zeros(0, target.vocab_size, dtype=torch.float64)
+            laws[index] = torch.zeros(0, target.vocab_size, dtype=torch.float64, device="cpu")  # laws come back to the host below
     done = 0
     for length, indices in sorted(by_length.items()):
         rows = max(1, FORWARD_TOKENS // length)

@@ -22,6 +22,7 @@ from diagnostics.engine.forward import Forward, Output
 from diagnostics.policy import Policy, probabilities
 from diagnostics.rng import sample_inverse_cdf
 from diagnostics.rules import Rule, normalise_or
+from diagnostics.rules.single import coin_draws
 from diagnostics.engine.tree_attention import tree_inputs
 from diagnostics.engine.tree_walk import all_node_steps
 
@@ -34,10 +35,10 @@ Verify = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Generator], t
 def _lossless_step(p: torch.Tensor, q_verify: torch.Tensor, drafts: torch.Tensor, generator: torch.Generator,
                    residual: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
                    reuse_coin: bool = False) -> torch.Tensor:
-    accept = torch.where(q_verify[drafts] > 0, (p[drafts] / q_verify[drafts]).clamp(max=1.0), torch.ones(()))
-    coins = torch.rand(drafts.shape, generator=generator, dtype=torch.float64)
+    accept = torch.where(q_verify[drafts] > 0, (p[drafts] / q_verify[drafts]).clamp(max=1.0), 1.0)
+    coins = coin_draws(drafts.shape, generator, p.device)
     law = residual(p, q_verify) if residual else normalise_or((p - q_verify).clamp(min=0.0), p)
-    second = coins if reuse_coin else torch.rand(drafts.shape, generator=generator, dtype=torch.float64)
+    second = coins if reuse_coin else coin_draws(drafts.shape, generator, p.device)
     fallback = sample_inverse_cdf(law, second)
     return torch.where(coins < accept, drafts, fallback)
 
@@ -72,7 +73,7 @@ def _padded_residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     # The residual over a head padded to a multiple of 64 whose padding keeps a little mass
     # (logits 0 instead of −inf): now and then an id past the vocabulary comes out.
     residual = normalise_or((p - q).clamp(min=0.0), p)
-    padding = torch.full((64 - p.numel() % 64 or 64,), 1e-3, dtype=residual.dtype)
+    padding = torch.full((64 - p.numel() % 64 or 64,), 1e-3, dtype=residual.dtype, device=residual.device)
     return torch.cat([residual, padding])
 
 
@@ -138,11 +139,11 @@ class FlatPositionScorer(TargetScorer):
     """Tree positions counted along the flattened tree (prefix + node index) instead of by depth."""
 
     @staticmethod
-    def tree_inputs(prefix_length, tree, dtype, cached=0, first_node=0):
-        mask, positions = tree_inputs(prefix_length, tree, dtype, cached, first_node)
+    def tree_inputs(prefix_length, tree, dtype, cached=0, first_node=0, *, device):
+        mask, positions = tree_inputs(prefix_length, tree, dtype, cached, first_node, device=device)
         fresh = prefix_length - cached
         flat = positions.clone()
-        flat[0, fresh:] = prefix_length + torch.arange(len(tree.tokens) - first_node) + first_node
+        flat[0, fresh:] = prefix_length + torch.arange(len(tree.tokens) - first_node, device=device) + first_node
         return mask, flat
 
 

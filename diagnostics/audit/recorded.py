@@ -67,7 +67,7 @@ def _replay_tree_node(run: dict, rule, record: dict, nodes, p_target: torch.Tens
     if record["kind"] == "accepted" and kept != int(record["token"]):
         flag(position, "replay", f"recorded token {record['token']} is not the accepted candidate {kept}")
     if record["kind"] == "rejected":
-        expected = int(sample_inverse_cdf(rest, torch.tensor(record["u_fallback"])))
+        expected = int(sample_inverse_cdf(rest, torch.tensor(record["u_fallback"], device=rest.device)))
         if expected != record["token"]:
             flag(position, "fallback replay", f"u = {record['u_fallback']:.6f} gives {expected}, recorded {record['token']}")
 
@@ -126,7 +126,7 @@ def audit_recorded_run(store, run_id: str, target=None, z_limit: float = 4.0, p_
             continue
         p_target, q_draft = laws.p_at(position), laws.q_at(position, record)
         top_ids = [int(token) for token in record["p_top_ids"]]
-        difference = float((p_target[top_ids] - torch.tensor(list(record["p_top_probs"]), dtype=torch.float64)).abs().max())
+        difference = float((p_target[top_ids] - torch.tensor(list(record["p_top_probs"]), dtype=torch.float64, device=p_target.device)).abs().max())
         max_difference = difference if max_difference is None else max(max_difference, difference)
         differences.append({"position": position, "kind": kind, "token": int(record["token"]), "p_difference": difference})
         if difference > p_tolerance:
@@ -139,7 +139,7 @@ def audit_recorded_run(store, run_id: str, target=None, z_limit: float = 4.0, p_
                                                f"by {q_difference:.3g}")
                 continue
         if kind == "bonus":
-            expected = int(sample_inverse_cdf(rule.bonus(p_target), torch.tensor(record["u_fallback"])))
+            expected = int(sample_inverse_cdf(rule.bonus(p_target), torch.tensor(record["u_fallback"], device=p_target.device)))
             if expected != record["token"]:
                 flag(position, "bonus replay", f"u = {record['u_fallback']:.6f} gives {expected}, recorded {record['token']}")
             continue
@@ -150,7 +150,8 @@ def audit_recorded_run(store, run_id: str, target=None, z_limit: float = 4.0, p_
         if abs(accept - record["accept_prob"]) > p_tolerance:
             flag(position, "a(x) recomputed", f"recorded {record['accept_prob']:.6f}, recomputed {accept:.6f}")
         if kind == "rejected":
-            expected = int(sample_inverse_cdf(rule.fallback(p_target, q_draft), torch.tensor(record["u_fallback"])))
+            expected = int(sample_inverse_cdf(rule.fallback(p_target, q_draft),
+                                              torch.tensor(record["u_fallback"], device=p_target.device)))
             if expected != record["token"]:
                 flag(position, "fallback replay", f"u = {record['u_fallback']:.6f} gives {expected}, recorded {record['token']}")
     z = (accepted - alpha_sum) / variance**0.5 if variance > 0 else None

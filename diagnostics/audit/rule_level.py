@@ -31,7 +31,7 @@ import torch
 from diagnostics.gof import GofResult, chi_square_gof, counts_of, detectable_tv
 from diagnostics.metrics import total_variation
 from diagnostics.rng import sample_inverse_cdf
-from diagnostics.rules import Rule, as_laws, get_rule
+from diagnostics.rules.single import Rule, as_laws, coin_draws, get_rule
 from diagnostics.synthetic import dirichlet, keep_top
 
 __all__ = ["PairResult", "RuleAudit", "Verify", "audit_rule", "battery", "holm", "model_pairs", "rule_adapter", "transformers_adapter"]
@@ -110,7 +110,7 @@ def battery(vocab: int = 12, seed: int = 0, extra: list[tuple[str, torch.Tensor,
         pairs.append((f"dirichlet({concentration:g})", dirichlet(vocab, concentration, generator), dirichlet(vocab, concentration, generator)))
     p, q = dirichlet(vocab, 1.0, generator), dirichlet(vocab, 1.0, generator)
     pairs.append(("truncated target and draft", keep_top(p, vocab // 2), keep_top(q, vocab // 2 + 1)))
-    peaked = torch.softmax(-1.5 * torch.randperm(vocab, generator=generator).to(torch.float64), -1)
+    peaked = torch.softmax(-1.5 * torch.randperm(vocab, generator=generator, device=generator.device).to(torch.float64), -1)
     pairs.append(("peaked target", peaked, dirichlet(vocab, 2.0, generator)))
     q_zero = dirichlet(vocab, 1.0, generator)
     p_zero = dirichlet(vocab, 1.0, generator)
@@ -154,8 +154,8 @@ def rule_adapter(rule: Rule | str) -> Verify:
 
     def verify(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         accept = rule.accept_prob(p, q)[drafts]
-        coins = torch.rand(drafts.shape, generator=generator, dtype=torch.float64)
-        fallback = sample_inverse_cdf(rule.fallback(p, q), torch.rand(drafts.shape, generator=generator, dtype=torch.float64))
+        coins = coin_draws(drafts.shape, generator, p.device)
+        fallback = sample_inverse_cdf(rule.fallback(p, q), coin_draws(drafts.shape, generator, p.device))
         return torch.where(coins < accept, drafts, fallback)
 
     return verify
@@ -179,7 +179,7 @@ def transformers_adapter(candidates: int = CANDIDATES_PER_CALL) -> Verify:
     from transformers.generation.utils import _speculative_sampling
 
     def verify(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator)))
+        torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device)))
         size = min(candidates, drafts.numel()) or 1
         candidate_logits = torch.log(q.float()).reshape(1, 1, -1).expand(1, size, -1)
         new_logits = torch.log(p.float()).reshape(1, 1, -1).expand(1, size + 1, -1)  # every candidate and the bonus position
@@ -238,8 +238,8 @@ def audit_rule(
     for label, p, q in pairs:
         p_target, q_draft = as_laws(p, q)
         law = reference_rule.induced(p_target, q_draft) if reference_rule else p_target
-        drafts = sample_inverse_cdf(q_draft, torch.rand(n, generator=generator, dtype=torch.float64))
-        emitted = torch.as_tensor(verify(p_target, q_draft, drafts, generator)).reshape(-1).to(torch.long)
+        drafts = sample_inverse_cdf(q_draft, coin_draws((n,), generator, q_draft.device))
+        emitted = torch.as_tensor(verify(p_target, q_draft, drafts, generator), device=q_draft.device).reshape(-1).to(torch.long)
         vocab = p_target.numel()
         # An id outside the vocabulary (a padded head, a bad offset) is impossible under any law on it.
         outside = int(((emitted < 0) | (emitted >= vocab)).sum())

@@ -108,7 +108,7 @@ def _pit_among(ids: list[int], logprobs: list[float], policy: Policy, token: int
     (columns in id order, so ties break by id as over the whole vocabulary)."""
     order = sorted(range(len(ids)), key=lambda index: ids[index])
     ordered_ids = [ids[index] for index in order]
-    logits = torch.tensor([[logprobs[index] for index in order]], dtype=torch.float64)
+    logits = torch.tensor([[logprobs[index] for index in order]], dtype=torch.float64, device="cpu")  # a server's scores: host data
     law = probabilities(logits, policy)
     if token not in ordered_ids or float(law[0, ordered_ids.index(token)]) <= 0:
         return IMPOSSIBLE, None
@@ -130,7 +130,7 @@ def position_pit(scores: PositionScores | None, token: int, policy: Policy, gene
     if policy.greedy:
         if token != ranked[0][0]:
             return IMPOSSIBLE, None
-        return OK, float(torch.rand((), generator=generator, dtype=torch.float64))
+        return OK, float(torch.rand((), generator=generator, dtype=torch.float64, device=generator.device))
     if policy.top_k is not None:
         if len(ranked) < policy.top_k:
             return MISSING, None
@@ -144,7 +144,7 @@ def position_pit(scores: PositionScores | None, token: int, policy: Policy, gene
         return _pit_among([i for i, _ in ranked], [lp for _, lp in ranked], policy, token, generator)
     if policy.temperature == 1 and policy.top_p is None and policy.min_p is None:
         mass = float(np.exp(logprobs).sum())
-        draw = float(torch.rand((), generator=generator, dtype=torch.float64))
+        draw = float(torch.rand((), generator=generator, dtype=torch.float64, device=generator.device))
         if token not in top:
             return OK, min(1.0, mass + draw * max(0.0, 1.0 - mass))
         p_token = math.exp(top[token])

@@ -161,7 +161,7 @@ class _Pair:
         drafter: Any = None
         draft_slot = head_slot = None
         if source.kind == "ngram":
-            drafter = NgramDrafter(source.ngram)
+            drafter = NgramDrafter(source.ngram, self.target.device)
         elif source.kind == "object":
             drafter = source.custom
         elif source.kind == "head":

@@ -126,7 +126,7 @@ class TargetScorer:
             self._keep_features(self.cached, output)
             self.cached += len(feed)
             return output.logits
-        mask, positions = self.tree_inputs(len(committed), tree, torch.float32, self.cached)
+        mask, positions = self.tree_inputs(len(committed), tree, torch.float32, self.cached, device=self.stage.device)
         output = yield Forward(self.stage, self.slot, self.cached, tokens=feed + list(tree.tokens),
                                positions=positions[0], visible=mask[0, 0] == 0, keep=len(tree.tokens) + 1)
         self._keep_features(self.cached, output)
@@ -203,7 +203,7 @@ class ModelDrafter:
                 break  # anything drafted after EOS could never be emitted
             feed = [token]
         # The last drafted token was never fed: the slot holds committed + tokens[:-1].
-        return tokens, torch.stack(laws) if laws else torch.empty(0, vocab, dtype=torch.float64)
+        return tokens, torch.stack(laws) if laws else torch.empty(0, vocab, dtype=torch.float64, device=self.stage.device)
 
     def commit(self, length: int) -> None:
         self.cached = min(self.cached, length)
@@ -213,17 +213,19 @@ class NgramDrafter:
     """Prompt lookup: copy what followed the latest earlier occurrence of the context's last n-gram.
 
     Tries ``n``, then shorter n-grams down to 1. The proposal is deterministic, so each draft's
-    law is a point mass ``q = δ_x``. It asks no model for anything.
+    law is a point mass ``q = δ_x``. It asks no model for anything; its laws are built on ``device``
+    (the target's), where they are verified.
     """
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, device: torch.device | str) -> None:
         self.n = n
         self.name = f"ngram:{n}"
+        self.device = torch.device(device)
 
     def propose_tree(self, committed: list[int], spec: TreeSpec, uniform: Uniform, vocab: int, eos: set[int]) -> Asks:
         """A trie of the continuations of several earlier matches (see ``tree_draft.ngram_tree``)."""
         yield from ()
-        return ngram_tree(committed, self.n, spec, vocab, eos)
+        return ngram_tree(committed, self.n, spec, vocab, eos, self.device)
 
     def commit_tree(self, prefix_length: int, draft: DraftTree, path: list[int]) -> None:
         return None
@@ -235,9 +237,9 @@ class NgramDrafter:
             if token in eos:
                 tokens = tokens[: index + 1]
                 break
-        laws = torch.zeros(len(tokens), vocab, dtype=torch.float64)
+        laws = torch.zeros(len(tokens), vocab, dtype=torch.float64, device=self.device)
         if tokens:
-            laws[torch.arange(len(tokens)), torch.tensor(tokens)] = 1.0
+            laws[torch.arange(len(tokens), device=self.device), torch.tensor(tokens, device=self.device)] = 1.0
         return tokens, laws
 
     def _lookup(self, context: list[int], count: int) -> list[int]:

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from transformers.integrations.sdpa_attention import repeat_kv
 
-from diagnostics.models import LoadedModel
+from diagnostics.models import LoadedModel, float_logits
 
 DIRECT_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
@@ -74,7 +74,7 @@ def _split_ok(weight: torch.Tensor, halves: torch.Tensor, threads: int) -> bool:
     if known is not None and known[0] == key:
         return known[1]
     generator = torch.Generator().manual_seed(0)
-    row = torch.randn(1, 1, weight.shape[1], generator=generator).to(device=weight.device, dtype=weight.dtype)
+    row = torch.randn(1, 1, weight.shape[1], generator=generator, device="cpu").to(device=weight.device, dtype=weight.dtype)
     with torch.inference_mode():
         same = torch.equal(_two_halves(row, halves), F.linear(row, weight))
     weight._diagnostics_split = (key, same)
@@ -242,8 +242,8 @@ class DecoderParts:
         return hidden
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The final norm and head, as float32 ``[…, V]``."""
+        """The final norm and head, as float32 ``[…, V]`` (float64 for a float64 model)."""
         head = self.head
         if self.head_split is None or head._forward_hooks or head._forward_pre_hooks:
-            return head(self.norm(hidden)).float()
-        return self.head_split(self.norm(hidden)).float()
+            return float_logits(head(self.norm(hidden)))
+        return float_logits(self.head_split(self.norm(hidden)))

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from diagnostics.models import LoadedModel
+from diagnostics.models import LoadedModel, float_logits
 
 
 @dataclass
@@ -165,28 +165,28 @@ def additive_mask(requests: list[Forward], count: int, width: int, dtype: torch.
     """``[B, 1, Q, K]``: 0 where query ``i`` of row ``b`` sees key ``j``, ``finfo(dtype).min`` elsewhere.
 
     Plain rows are causal (query ``i`` sees keys ``≤ start + i``); a row's ``visible`` replaces its
-    real queries' rows. Padded queries see their own causal prefix (their outputs are dropped)."""
-    starts = torch.tensor([r.start for r in requests], dtype=torch.long)
-    columns = torch.arange(width)
-    allowed = columns[None, None, :] <= (starts[:, None] + torch.arange(count))[:, :, None]
+    real queries' rows. Padded queries see their own causal prefix (their outputs are dropped).
+    Built on ``device``: the causal part from the rows' starts in one comparison."""
+    starts = torch.tensor([r.start for r in requests], dtype=torch.long, device=device)
+    columns = torch.arange(width, device=device)
+    allowed = columns[None, None, :] <= (starts[:, None] + torch.arange(count, device=device))[:, :, None]
     for row, request in enumerate(requests):
         if request.visible is not None:
             size, seen = request.visible.shape
-            allowed[row, :size, :seen] = request.visible.to(torch.bool)
+            allowed[row, :size, :seen] = request.visible.to(device=device, dtype=torch.bool)
             allowed[row, :size, seen:] = False
-    mask = torch.full(allowed.shape, torch.finfo(dtype).min, dtype=dtype).masked_fill_(allowed, 0.0)
-    return mask[:, None].to(device)
+    mask = torch.full(allowed.shape, torch.finfo(dtype).min, dtype=dtype, device=device).masked_fill_(allowed, 0.0)
+    return mask[:, None]
 
 
 def positions_of(requests: list[Forward], count: int, device: torch.device) -> torch.Tensor:
     """``[B, Q]`` rotary positions: each row's own, padded queries continuing from ``start + i``."""
-    rows = []
-    for request in requests:
-        default = torch.arange(request.start, request.start + count)
+    starts = torch.tensor([r.start for r in requests], dtype=torch.long, device=device)
+    positions = starts[:, None] + torch.arange(count, device=device)
+    for row, request in enumerate(requests):
         if request.positions is not None:
-            default[: request.size] = request.positions.reshape(-1).to(torch.long).cpu()
-        rows.append(default)
-    return torch.stack(rows).to(device)
+            positions[row, : request.size] = request.positions.reshape(-1).to(device=device, dtype=torch.long)
+    return positions
 
 
 def padded_hidden(requests: list[Forward], count: int) -> torch.Tensor:
@@ -198,12 +198,12 @@ def padded_hidden(requests: list[Forward], count: int) -> torch.Tensor:
     return hidden
 
 
-def _kept_rows(requests: list[Forward], count: int) -> torch.Tensor:
+def _kept_rows(requests: list[Forward], count: int, device: torch.device) -> torch.Tensor:
     """Flat indices ``b·Q + i`` of each row's last ``keep`` real inputs, row after row."""
     index = []
     for row, request in enumerate(requests):
         index.extend(range(row * count + request.size - request.keep, row * count + request.size))
-    return torch.tensor(index, dtype=torch.long)
+    return torch.tensor(index, dtype=torch.long, device=device)
 
 
 def _split(flat: torch.Tensor, requests: list[Forward]) -> list[torch.Tensor]:
@@ -227,6 +227,11 @@ class DirectStage:
         # Boundary indices (0: the embeddings, i: the input of layer i, L: the last layer's output,
         # before the final norm): every input's states there come back as ``Output.taps``.
         self.taps = taps
+
+    @property
+    def device(self) -> torch.device:
+        """Where this stage's model lives: masks, positions and indices for it are built there."""
+        return self.parts.device
 
     def keep_rows(self, slot: int, rows: list[int]) -> None:
         self.store.keep_rows(slot, rows)
@@ -256,7 +261,7 @@ class DirectStage:
             request = requests[0]
             kept = hidden[0, request.size - request.keep : request.size]
         else:
-            kept = hidden.reshape(-1, hidden.shape[-1]).index_select(0, _kept_rows(requests, count).to(hidden.device))
+            kept = hidden.reshape(-1, hidden.shape[-1]).index_select(0, _kept_rows(requests, count, hidden.device))
         logits = _split(parts.logits(kept), requests)
         if taps is not None:
             return [Output(logits=row, taps=taps[index, : r.size]) for index, (row, r) in enumerate(zip(logits, requests))]
@@ -271,6 +276,7 @@ class ModuleStage:
     def __init__(self, loaded: LoadedModel, store: SlotStore, order: int = 1) -> None:
         self.loaded, self.store, self.order = loaded, store, order
         self.takes_hidden = self.keeps_hidden = False
+        self.device = loaded.device
 
     def keep_rows(self, slot: int, rows: list[int]) -> None:
         self.store.keep_rows(slot, rows)
@@ -284,11 +290,11 @@ class ModuleStage:
         extra: dict[str, Any] = {"position_ids": positions_of(requests, count, device)}
         if not lock_step(requests):
             extra["attention_mask"] = additive_mask(requests, count, width, torch.float32, device)
-        logits = self.loaded.model(input_ids=ids, past_key_values=self.store, use_cache=True, **extra).logits.float()
+        logits = float_logits(self.loaded.model(input_ids=ids, past_key_values=self.store, use_cache=True, **extra).logits)
         if len(requests) == 1:
             request = requests[0]
             return [Output(logits=logits[0, request.size - request.keep : request.size])]
-        flat = logits.reshape(-1, logits.shape[-1]).index_select(0, _kept_rows(requests, count).to(logits.device))
+        flat = logits.reshape(-1, logits.shape[-1]).index_select(0, _kept_rows(requests, count, logits.device))
         return [Output(logits=row) for row in _split(flat, requests)]
 
 
@@ -298,6 +304,7 @@ class RowStage:
     def __init__(self, loaded: LoadedModel, order: int = 1) -> None:
         self.loaded, self.order = loaded, order
         self.takes_hidden = self.keeps_hidden = False
+        self.device = loaded.device
         self.store = RowStore(loaded)
 
     def keep_rows(self, slot: int, rows: list[int]) -> None:
@@ -324,7 +331,7 @@ class RowStage:
             extra["position_ids"] = positions_of([request], request.size, loaded.device)
         output = loaded.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=request.keep, **extra)
         store.lengths[request.slot] = request.start + request.size
-        return output.logits[0, -request.keep :].float()
+        return float_logits(output.logits[0, -request.keep :])
 
 
 class RowStore:

@@ -45,6 +45,7 @@ class HeadStage:
     def __init__(self, head: Any, embed: Any, store: SlotStore, vocab: int, order: int = 0) -> None:
         self.head, self.embed, self.store, self.vocab, self.order = head, embed, store, vocab, order
         self.takes_hidden = self.keeps_hidden = True
+        self.device = head.fc.weight.device
 
     @torch.inference_mode()
     def run(self, requests: list[Forward]) -> list[Output]:
@@ -72,6 +73,7 @@ class MedusaStage:
     def __init__(self, heads: Any, norm: Any, order: int = 0) -> None:
         self.heads, self.norm, self.order = heads, norm, order
         self.takes_hidden, self.keeps_hidden = True, False
+        self.device = norm.weight.device
 
     @torch.inference_mode()
     def run(self, requests: list[Forward]) -> list[Output]:
@@ -99,7 +101,7 @@ class HeadDrafter:
     def propose(self, committed: list[int], count: int, draw: Draw, vocab: int, eos: set[int]) -> Asks:
         features, known = self._features(committed)
         if features is None:
-            return [], torch.empty(0, vocab, dtype=torch.float64)
+            return [], torch.empty(0, vocab, dtype=torch.float64, device=self.stage.device)
         if self.head.kind == "medusa":
             return (yield from self._medusa(features, known, count, draw, vocab, eos))
         return (yield from self._eagle3(committed, features, known, count, draw, vocab, eos))
@@ -172,7 +174,7 @@ class HeadDrafter:
         the committed pairs, its ancestors and itself (a tree mask in the head's attention)."""
         features, known = self._features(committed)
         if features is None:
-            return _empty_tree(vocab)
+            return _empty_tree(vocab, self.stage.device)
         if self.head.kind == "medusa":
             spec = spec.limited(self.head.module.config.medusa_num_heads)
             laws = [probabilities(fit_vocabulary(logits, vocab), self.policy)
@@ -194,17 +196,18 @@ class HeadDrafter:
 
         def expand_eagle(built, level: list[int]):
             first = level[0]  # nodes are fed in creation order: cache rows known + node
-            visible = torch.zeros(len(level), known + first + len(level), dtype=torch.bool)
-            visible[:, :known] = True
+            # Each node sees the prefix, itself and its ancestors: the rows as host lists, one tensor on the device.
+            sees = [[True] * known + [False] * (first + len(level)) for _ in level]
             for row, node in enumerate(level):
                 ancestor = node
                 while ancestor >= 0:
-                    visible[row, known + ancestor] = True
+                    sees[row][known + ancestor] = True
                     ancestor = built.parents[ancestor]
+            device = self.stage.device
             output = yield Forward(self.stage, self.slot, known + first, tokens=[built.tokens[node] for node in level],
                                    hidden=torch.stack([outputs[built.parents[node]] for node in level]),
-                                   positions=torch.tensor([known - 1 + built.depths[node] for node in level]),
-                                   visible=visible, keep=len(level))
+                                   positions=torch.tensor([known - 1 + built.depths[node] for node in level], device=device),
+                                   visible=torch.tensor(sees, dtype=torch.bool, device=device), keep=len(level))
             for node, row in zip(level, output.hidden):
                 outputs[node] = row
             return list(probabilities(fit_vocabulary(output.logits, vocab), self.policy))
@@ -224,9 +227,9 @@ def head_stage(head: Any, target: Any, rows: int, capacity: int) -> HeadStage | 
     return HeadStage(head.module, target.model.get_input_embeddings(), SlotStore(rows, capacity), int(target.vocab_size))
 
 
-def _empty_tree(vocab: int) -> DraftTree:
+def _empty_tree(vocab: int, device: torch.device) -> DraftTree:
     """No drafts (the first round, before the target has scored anything): the target emits alone."""
-    return DraftTree(tree=TokenTree(parents=(), tokens=()), q_laws=torch.zeros(1, vocab, dtype=torch.float64),
+    return DraftTree(tree=TokenTree(parents=(), tokens=()), q_laws=torch.zeros(1, vocab, dtype=torch.float64, device=device),
                      q_token=[], u_draft=[], cache_rows=[])
 
 

@@ -54,14 +54,15 @@ class TokenTree:
             node = self.parents[node]
         return nodes[::-1]
 
-    def visible(self) -> torch.Tensor:
-        """``[N, N]`` bool: node ``i`` sees node ``j`` iff ``j`` is ``i`` or one of its ancestors."""
-        return self._visible.clone()
+    def visible(self, device: torch.device | str) -> torch.Tensor:
+        """``[N, N]`` bool on ``device``: node ``i`` sees node ``j`` iff ``j`` is ``i`` or one of its ancestors."""
+        return self._visible.to(device=device, copy=True)
 
     @cached_property
     def _visible(self) -> torch.Tensor:
+        # Built on the host once per tree (a row-by-row OR over parents), copied to the model's device.
         count = len(self.parents)
-        sees = torch.eye(count, dtype=torch.bool)
+        sees = torch.eye(count, dtype=torch.bool, device="cpu")
         for node, parent in enumerate(self.parents):
             if parent >= 0:
                 sees[node] |= sees[parent]  # a parent is an earlier node, so its row is complete
@@ -69,7 +70,8 @@ class TokenTree:
 
 
 def tree_inputs(
-    prefix_length: int, tree: TokenTree, dtype: torch.dtype, cached: int = 0, first_node: int = 0
+    prefix_length: int, tree: TokenTree, dtype: torch.dtype, cached: int = 0, first_node: int = 0, *,
+    device: torch.device,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The additive 4D mask ``[1, 1, Q, K]`` and ``position_ids`` ``[1, Q]`` of a forward whose queries
     are the uncached prefix tokens (``prefix_length − cached`` of them) and then the nodes from
@@ -78,27 +80,28 @@ def tree_inputs(
     Visible: 0; hidden: ``finfo(dtype).min``. Node ``i`` sits at position ``prefix_length − 1 + depth(i)``.
 
     The result depends on the tree's shape only (not its tokens), and rounds and rows of a batch
-    repeat shapes, so it is built once per shape; the tensors returned are copies."""
+    repeat shapes, so it is built once per shape and ``device`` (where the model lives); the tensors
+    returned are copies."""
     if first_node and cached != prefix_length:
         raise ValueError("feeding later nodes needs the whole prefix in the cache")
-    mask, positions = _shape_inputs(prefix_length, tree.parents, dtype, cached, first_node)
+    mask, positions = _shape_inputs(prefix_length, tree.parents, dtype, cached, first_node, torch.device(device))
     return mask.clone(), positions.clone()
 
 
 @lru_cache(maxsize=4096)
 def _shape_inputs(prefix_length: int, parents: tuple[int, ...], dtype: torch.dtype, cached: int,
-                  first_node: int) -> tuple[torch.Tensor, torch.Tensor]:
+                  first_node: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     tree = TokenTree(parents=parents, tokens=(0,) * len(parents))
     count = len(parents)
     fresh = prefix_length - cached
     keys = prefix_length + count
-    allowed = torch.zeros(fresh + count - first_node, keys, dtype=torch.bool)
-    rows = torch.arange(cached, prefix_length)
-    allowed[:fresh, :prefix_length] = torch.arange(prefix_length)[None, :] <= rows[:, None]  # causal prefix
+    allowed = torch.zeros(fresh + count - first_node, keys, dtype=torch.bool, device=device)
+    rows = torch.arange(cached, prefix_length, device=device)
+    allowed[:fresh, :prefix_length] = torch.arange(prefix_length, device=device)[None, :] <= rows[:, None]  # causal prefix
     allowed[fresh:, :prefix_length] = True  # every node sees the whole prefix
-    allowed[fresh:, prefix_length:] = tree.visible()[first_node:]
-    mask = torch.full(allowed.shape, torch.finfo(dtype).min, dtype=dtype).masked_fill(allowed, 0.0)
-    depths = torch.tensor(tree.depths[first_node:], dtype=torch.long)
+    allowed[fresh:, prefix_length:] = tree.visible(device)[first_node:]
+    mask = torch.full(allowed.shape, torch.finfo(dtype).min, dtype=dtype, device=device).masked_fill(allowed, 0.0)
+    depths = torch.tensor(tree.depths[first_node:], dtype=torch.long, device=device)
     positions = torch.cat([rows, prefix_length - 1 + depths])
     return mask[None, None], positions[None]
 
@@ -128,10 +131,10 @@ def tree_logits(loaded: LoadedModel, prefix: list[int], tree: TokenTree, cache=N
         raise ValueError(f"the cache holds {cached} of the prefix's {len(prefix)} tokens: leave at least the last one "
                          "out of it, its logits are the root's law")
     dtype = next(loaded.model.parameters()).dtype
-    mask, positions = tree_inputs(len(prefix), tree, dtype, cached)
+    mask, positions = tree_inputs(len(prefix), tree, dtype, cached, device=loaded.device)
     ids = torch.tensor([list(prefix[cached:]) + list(tree.tokens)], device=loaded.device)
     work = copy.deepcopy(cache) if cache is not None else None
-    out = loaded.model(input_ids=ids, attention_mask=mask.to(loaded.device), position_ids=positions.to(loaded.device),
+    out = loaded.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                        past_key_values=work, use_cache=work is not None)
     fresh = len(prefix) - cached
     return out.logits[0, fresh - 1 :].float().cpu()

@@ -282,7 +282,7 @@ def _children(q_draft: torch.Tensor, k: int, mode: str, depth: int, first_index:
         return [(token, None) for token in _top_children(q_draft, k)]
     if mode == "sample":
         us = [uniform(depth, first_index + j) for j in range(k)]
-        tokens = sample_inverse_cdf(q_draft, torch.tensor(us, dtype=torch.float64)[None])[0]
+        tokens = sample_inverse_cdf(q_draft, torch.tensor(us, dtype=torch.float64, device=q_draft.device)[None])[0]
         return [(int(token), u) for token, u in zip(tokens, us)]
     chosen: list[tuple[int, float | None]] = []
     law = q_draft
@@ -358,8 +358,9 @@ def finish(built: _Building, spec: TreeSpec, vocab: int, fed: int) -> DraftTree:
         keep = sorted(sorted(range(count), key=lambda node: (-built.score[node], built.depths[node], node))[: spec.budget])
     new_index = {old: new for new, old in enumerate(keep)}
     parents = tuple(-1 if built.parents[old] < 0 else new_index[built.parents[old]] for old in keep)
-    q_laws = torch.zeros(len(keep) + 1, vocab, dtype=torch.float64)
-    q_laws[0] = built.laws[-1]
+    root = built.laws[-1]
+    q_laws = torch.zeros(len(keep) + 1, vocab, dtype=torch.float64, device=root.device)
+    q_laws[0] = root
     for new, old in enumerate(keep):
         if old in built.laws:
             q_laws[new + 1] = built.laws[old]
@@ -393,7 +394,8 @@ class TreeDraftingModel:
             # Every node of an earlier depth was fed in creation order, so the slot holds the
             # prefix and nodes[:level[0]], and this level's nodes are the queries.
             assert fed[0] == level[0], "a tree level must follow every earlier node in the draft cache"
-            mask, positions = tree_inputs(prefix_length, so_far, torch.float32, cached=prefix_length, first_node=level[0])
+            mask, positions = tree_inputs(prefix_length, so_far, torch.float32, cached=prefix_length, first_node=level[0],
+                                          device=row.stage.device)
             logits = yield from row.forward([built.tokens[node] for node in level], keep=len(level),
                                             positions=positions[0], visible=mask[0, 0] == 0)
             fed[0] += len(level)
@@ -415,7 +417,7 @@ class TreeDraftingModel:
         self.row.cached = len(rows)
 
 
-def ngram_tree(context: list[int], n: int, spec: TreeSpec, vocab: int, eos: set[int]) -> DraftTree:
+def ngram_tree(context: list[int], n: int, spec: TreeSpec, vocab: int, eos: set[int], device: torch.device) -> DraftTree:
     """Prompt lookup as a tree: the continuations after earlier occurrences of the context's last
     ``n``-gram (then shorter ones), latest first, merged into a trie within the shape. Every choice
     is deterministic (``q`` a point mass per candidate)."""
@@ -457,7 +459,7 @@ def ngram_tree(context: list[int], n: int, spec: TreeSpec, vocab: int, eos: set[
     new_index = {old: new for new, old in enumerate(order)}
     tree = TokenTree(parents=tuple(-1 if parents[old] < 0 else new_index[parents[old]] for old in order),
                      tokens=tuple(tokens[old] for old in order))
-    q_laws = torch.zeros(len(order) + 1, vocab, dtype=torch.float64)
+    q_laws = torch.zeros(len(order) + 1, vocab, dtype=torch.float64, device=device)
     for node, parent in reversed(list(enumerate(tree.parents))):
         q_laws[parent + 1] = 0.0
         q_laws[parent + 1, tree.tokens[node]] = 1.0  # ends on the first child: q = δ of the top candidate

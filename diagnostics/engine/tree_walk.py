@@ -83,7 +83,7 @@ def node_steps(rule: Rule, p_node: torch.Tensor, q_node: torch.Tensor, tokens: l
             if plain:
                 a_value = r_value  # lossless: a_j = r_j(c_j)
             else:
-                a_value = float(rule.tree_accept(r_node, torch.tensor(token))) if float(r_node.sum()) > 0 else 0.0
+                a_value = float(rule.tree_accept(r_node, torch.tensor(token, device=r_node.device))) if float(r_node.sum()) > 0 else 0.0
             r_next = without(r_node, token)
             if r_value > 0 and not bool((r_next > 0).any()):
                 # r_j sat on c_j alone: a_j is 1 up to rounding, and nothing is left to fall back to.

@@ -93,7 +93,7 @@ class Eagle3Config:
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
+        self.weight = nn.Parameter(torch.ones(size, device="cpu"))  # built on the host; load_head moves the head
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -178,8 +178,8 @@ class Eagle3Head(nn.Module):
         self.midlayer = _MidLayer(config)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
-        self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
-        self.register_buffer("t2d", torch.ones(config.vocab_size, dtype=torch.bool))
+        self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long, device="cpu"))
+        self.register_buffer("t2d", torch.ones(config.vocab_size, dtype=torch.bool, device="cpu"))
         self._rotary: tuple[torch.Tensor, torch.Tensor] | None = None  # grown on demand
 
     def _table(self, end: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -232,7 +232,7 @@ class Eagle3Head(nn.Module):
         prefix, its ancestors, itself)."""
         count = hidden.shape[0]
         if positions is None:
-            positions = torch.arange(start, start + count)
+            positions = torch.arange(start, start + count, device=hidden.device)
         cos, sin = self._rotary_at(positions, hidden)
         cache.cut(start)
 

@@ -106,9 +106,9 @@ def make_head(kind: str, target: LoadedModel, out: str | Path, *, seed: int = 0,
         module = Eagle3Head(head_config)
         state = {key: _random(value, key, generator, scale) for key, value in module.state_dict().items()
                  if key not in ("d2t", "t2d")}
-        chosen = torch.arange(size)
-        state["d2t"] = chosen - torch.arange(size)  # target id = i + d2t[i]
-        t2d = torch.zeros(vocab, dtype=torch.bool)
+        chosen = torch.arange(size, device="cpu")  # a file's tensors: on the host
+        state["d2t"] = chosen - torch.arange(size, device="cpu")  # target id = i + d2t[i]
+        t2d = torch.zeros(vocab, dtype=torch.bool, device="cpu")
         t2d[chosen] = True
         state["t2d"] = t2d
         _save(state, out / "model.safetensors")
@@ -133,7 +133,7 @@ def _random(value: torch.Tensor, key: str, generator: torch.Generator, scale: fl
         return torch.ones_like(value)
     if key.endswith("bias"):
         return torch.zeros_like(value)
-    return torch.randn(value.shape, generator=generator) * scale
+    return torch.randn(value.shape, generator=generator, device=generator.device) * scale
 
 
 def _save(state: dict[str, torch.Tensor], path: Path) -> None:
@@ -246,7 +246,7 @@ def _fits(name: str, head: int, target: int) -> None:
 
 
 def _check_vocab_map(module: Eagle3Head, vocab: int) -> None:
-    ids = torch.arange(module.config.draft_vocab_size) + module.d2t.to(torch.long)
+    ids = torch.arange(module.config.draft_vocab_size, device=module.d2t.device) + module.d2t.to(torch.long)
     if bool((ids < 0).any()) or bool((ids >= vocab).any()):
         raise ModelError("the head's d2t maps draft ids outside the target's vocabulary")
     if len(set(ids.tolist())) != len(ids) or not bool(module.t2d[ids].all()) or int(module.t2d.sum()) != len(ids):

@@ -102,7 +102,7 @@ def _from_vllm(state: dict[str, torch.Tensor], heads: int, layers: int, shared: 
         for j in range(layers):
             weight = state[f"blocks.{k}.layers.{j}.weight"]
             published[f"{k}.{j}.linear.weight"] = weight
-            published[f"{k}.{j}.linear.bias"] = state.get(f"blocks.{k}.layers.{j}.bias", torch.zeros(weight.shape[0], dtype=weight.dtype))
+            published[f"{k}.{j}.linear.bias"] = state.get(f"blocks.{k}.layers.{j}.bias", torch.zeros(weight.shape[0], dtype=weight.dtype, device=weight.device))
         published[f"{k}.{layers}.weight"] = state["lm_heads.0.weight" if shared else f"lm_heads.{k}.weight"]
     return published
 

@@ -37,8 +37,11 @@ class RuleError(ValueError):
 
 
 def as_law(x: torch.Tensor, name: str = "p") -> torch.Tensor:
-    """``x / Σ x`` in float64 after checking ``x`` is finite, non-negative, with positive mass."""
-    x = torch.as_tensor(x)
+    """``x / Σ x`` in float64 after checking ``x`` is finite, non-negative, with positive mass.
+
+    A tensor stays on its device; a list or array is host data and becomes a CPU tensor."""
+    if not isinstance(x, torch.Tensor):
+        x = torch.as_tensor(x, device="cpu")
     if not torch.is_floating_point(x):
         x = x.to(torch.float64)
     x = x.to(torch.float64)
@@ -65,6 +68,15 @@ def as_laws(p: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
         )
     p_target, q_draft = torch.broadcast_tensors(p_target, q_draft)
     return p_target, q_draft
+
+
+def coin_draws(shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """``U[0, 1)`` float64 draws of ``shape`` on ``device``, from ``generator``.
+
+    Drawn on the generator's own device (a CPU generator gives the same draws whatever device the
+    laws live on, so a fixed seed is one sample everywhere), then moved to ``device``."""
+    source = generator.device if generator is not None else device
+    return torch.rand(shape, generator=generator, dtype=torch.float64, device=source).to(device)
 
 
 def safe_ratio(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
@@ -174,9 +186,7 @@ class Rule:
         """
         p_target, q_draft = as_laws(p, q)
         shape = (*p_target.shape[:-1], n)
-        u_draft, u_accept, u_fallback = (
-            torch.rand(shape, generator=generator, dtype=torch.float64) for _ in range(3)
-        )
+        u_draft, u_accept, u_fallback = (coin_draws(shape, generator, p_target.device) for _ in range(3))
         drafted = sample_inverse_cdf(q_draft, u_draft)
         accept = self.accept_prob(p_target, q_draft).gather(-1, drafted)
         fallback = sample_inverse_cdf(self.fallback(p_target, q_draft), u_fallback)

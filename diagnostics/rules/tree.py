@@ -15,7 +15,17 @@ from typing import ClassVar
 import torch
 
 from diagnostics.rng import sample_inverse_cdf
-from diagnostics.rules.single import TREE_RULES, Rule, RuleError, as_law, as_laws, get_rule, normalise_or, safe_ratio
+from diagnostics.rules.single import (
+    TREE_RULES,
+    Rule,
+    RuleError,
+    as_law,
+    as_laws,
+    coin_draws,
+    get_rule,
+    normalise_or,
+    safe_ratio,
+)
 
 # --------------------------------------------------------------------------------------------
 # Tree verification with ordered deterministic candidates (EAGLE-style)
@@ -50,7 +60,7 @@ class TreeRule:
     def _nodes(self, p: torch.Tensor, candidates: torch.Tensor):
         """Yield ``(c_j, a_j)`` down the sibling list, then ``p_{K+1}``, following the mechanism."""
         p_node = as_law(p, "p")
-        candidates = torch.as_tensor(candidates, dtype=torch.long)
+        candidates = torch.as_tensor(candidates, dtype=torch.long, device=p_node.device)
         candidates = candidates.expand(*p_node.shape[:-1], candidates.shape[-1])
         if (candidates < 0).any() or (candidates >= p_node.shape[-1]).any():
             raise RuleError(f"tree candidates must be token ids in [0, {p_node.shape[-1]})")
@@ -67,7 +77,7 @@ class TreeRule:
         """Exact node law: ``P(c_j) = a_j·Π_{i<j}(1 − a_i)``, ``P(v ∉ C) = Π_i(1 − a_i)·p_{K+1}(v)``."""
         steps, p_rest = self._nodes(p, candidates)
         law = torch.zeros_like(p_rest)
-        survive = torch.ones(p_rest.shape[:-1], dtype=torch.float64)
+        survive = torch.ones(p_rest.shape[:-1], dtype=torch.float64, device=p_rest.device)
         for candidate, accept in steps:
             law.scatter_add_(-1, candidate.unsqueeze(-1), (survive * accept).unsqueeze(-1))
             survive = survive * (1.0 - accept)
@@ -75,8 +85,8 @@ class TreeRule:
 
     def acceptance(self, p: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
         """Probability that some candidate is accepted: ``1 − Π_j (1 − a_j)``."""
-        steps, _ = self._nodes(p, candidates)
-        survive = torch.ones(steps[0][1].shape, dtype=torch.float64) if steps else torch.tensor(1.0)
+        steps, p_rest = self._nodes(p, candidates)
+        survive = torch.ones(p_rest.shape[:-1], dtype=torch.float64, device=p_rest.device)
         for _, accept in steps:
             survive = survive * (1.0 - accept)
         return 1.0 - survive
@@ -94,10 +104,11 @@ class TreeRule:
         has_rest = p_rest.sum(-1, keepdim=True) > 0
         # Rows where nothing is left always accept a candidate; give them a dummy law to draw from.
         p_rest = torch.where(has_rest, p_rest, torch.ones_like(p_rest))
-        emitted = sample_inverse_cdf(p_rest, torch.rand(shape, generator=generator, dtype=torch.float64))
-        decided = torch.zeros(shape, dtype=torch.bool)
+        device = p_rest.device
+        emitted = sample_inverse_cdf(p_rest, coin_draws(shape, generator, device))
+        decided = torch.zeros(shape, dtype=torch.bool, device=device)
         for candidate, accept in steps:
-            coin = torch.rand(shape, generator=generator, dtype=torch.float64)
+            coin = coin_draws(shape, generator, device)
             take = ~decided & (coin < accept.unsqueeze(-1))
             emitted = torch.where(take, candidate.unsqueeze(-1).expand(shape), emitted)
             decided |= take
@@ -143,7 +154,7 @@ class SampledMultiDraft:
         p_target, q_draft = as_laws(p, q)
         laws = self._residuals(p_target, q_draft)
         law = torch.zeros_like(p_target)
-        survive = torch.ones((*p_target.shape[:-1], 1), dtype=torch.float64)
+        survive = torch.ones((*p_target.shape[:-1], 1), dtype=torch.float64, device=p_target.device)
         for p_node in laws[:-1]:
             kept = torch.minimum(p_node, q_draft)
             law = law + survive * kept
@@ -157,12 +168,13 @@ class SampledMultiDraft:
         p_target, q_draft = as_laws(p, q)
         laws = self._residuals(p_target, q_draft)
         shape = (*p_target.shape[:-1], n)
-        emitted = sample_inverse_cdf(laws[-1], torch.rand(shape, generator=generator, dtype=torch.float64))
-        decided = torch.zeros(shape, dtype=torch.bool)
+        device = p_target.device
+        emitted = sample_inverse_cdf(laws[-1], coin_draws(shape, generator, device))
+        decided = torch.zeros(shape, dtype=torch.bool, device=device)
         for p_node in laws[:-1]:
-            drafted = sample_inverse_cdf(q_draft, torch.rand(shape, generator=generator, dtype=torch.float64))
+            drafted = sample_inverse_cdf(q_draft, coin_draws(shape, generator, device))
             accept = safe_ratio(p_node, q_draft).clamp(max=1.0).gather(-1, drafted)
-            take = ~decided & (torch.rand(shape, generator=generator, dtype=torch.float64) < accept)
+            take = ~decided & (coin_draws(shape, generator, device) < accept)
             emitted = torch.where(take, drafted, emitted)
             decided |= take
         return emitted
