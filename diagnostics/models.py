@@ -252,6 +252,34 @@ def is_draft_head(draft: Any) -> bool:
     return hasattr(draft, "taps") and hasattr(draft, "module")
 
 
+def _where(model: Any) -> str | None:
+    """``"cuda:0 bfloat16"`` for a module's first parameter, ``None`` for anything without parameters."""
+    parameters = getattr(model, "parameters", None)
+    first = next(parameters(), None) if callable(parameters) else None
+    if first is None:
+        return None
+    return f"{first.device} {str(first.dtype).removeprefix('torch.')}"
+
+
+def device_label(target: Any, draft: Any = None) -> str | None:
+    """Where a run computes: the target's device and dtype (``"cuda:0 bfloat16"``), and the draft's
+    after ``"; draft "`` when it is a model or head living elsewhere or in another dtype (a spec
+    string, an n-gram or an early exit runs where the target does)."""
+    target_model = target.model if isinstance(target, LoadedModel) else target
+    label = _where(target_model)
+    if label is None:
+        return None
+    draft_model = None
+    if isinstance(draft, LoadedModel):
+        draft_model = draft.model
+    elif is_draft_head(draft) and not isinstance(draft, str):
+        draft_model = draft.module
+    elif draft is not None and not isinstance(draft, str) and hasattr(draft, "parameters"):
+        draft_model = draft
+    other = _where(draft_model) if draft_model is not None and draft_model is not target_model else None
+    return label if other is None or other == label else f"{label}; draft {other}"
+
+
 def parse_draft(spec: str) -> DraftSpec:
     """Parse ``model:ID_OR_PATH``, ``early-exit:LAYER``, ``ngram:N``, ``eagle3:PATH_OR_ID`` or ``medusa:PATH_OR_ID``."""
     kind, _, value = spec.strip().partition(":")

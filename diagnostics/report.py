@@ -180,7 +180,7 @@ def build_report(store: Store, run_ids: list[str], audit_ids: list[str] | None =
 <section class="run">
   <h2>{_text(run['rule'])} <small>run {_text(run['run_id'])} · {_text(run['status'])}</small></h2>
   <p class="meta">target {_text(run['target'])} · draft {_text(run['draft'])} · γ = {_number(run['gamma'])} · seed {_number(run['seed'])} ·
-     max new tokens {_number(run.get('max_new_tokens'))} · policy {_text(run['policy'] or '')}{' · ' + place if place else ''}</p>
+     max new tokens {_number(run.get('max_new_tokens'))} · policy {_text(run['policy'] or '')} · ran on {_text(run.get('device') or 'unknown')}{' · ' + place if place else ''}</p>
   <h3>Output</h3>
   {token_strip_html(records, divergence=divergence)}
   <h3>Per-position tracks</h3>

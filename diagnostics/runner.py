@@ -22,7 +22,7 @@ from diagnostics.engine import (
     generate,
     tree_spec_or_error,
 )
-from diagnostics.models import LoadedModel, parse_draft
+from diagnostics.models import LoadedModel, device_label, parse_draft
 from diagnostics.policy import Policy
 from diagnostics.rules import get_rule
 from diagnostics.store import RunWriter, Store, StoreError, WriterGroup
@@ -165,8 +165,9 @@ def check_prompt_text(text: str) -> None:
                           "pass it in UTF-8 (check your terminal's or file's encoding)") from None
 
 
-def run_fields(request: RunRequest, target_name: str, prompt_ids: list[int], group_id: str | None = None) -> dict[str, Any]:
-    """The ``runs`` row a request starts with."""
+def run_fields(request: RunRequest, target_name: str, prompt_ids: list[int], group_id: str | None = None,
+               device: str | None = None) -> dict[str, Any]:
+    """The ``runs`` row a request starts with; ``device``: where it runs (``models.device_label``)."""
     rule = get_rule(request.rule)
     spec = request.tree_spec
     return {
@@ -187,6 +188,7 @@ def run_fields(request: RunRequest, target_name: str, prompt_ids: list[int], gro
         "raw_prompt": request.raw,
         "group_id": group_id,
         "draft_stop": request.draft_stop if request.draft else None,
+        "device": device,
     }
 
 
@@ -272,6 +274,7 @@ def record_batch(
     if not requests:
         raise EngineError("nothing to run: give at least one request")
     prompt_ids = [checked_prompt_ids(target, request) for request in requests]
+    where = device_label(target, draft)
     groups = group_ids if isinstance(group_ids, list) else [group_ids] * len(requests)
     writers: dict[int, RunWriter] = {}
     shared = WriterGroup(store)  # the rows' records go to the store together, one connection per flush
@@ -281,7 +284,8 @@ def record_batch(
     results: list[tuple[str | None, Run | None]] = [(None, None)] * len(requests)
 
     def start(index: int) -> None:
-        writers[index] = RunWriter(store, run_fields(requests[index], target.name, prompt_ids[index], groups[index]), group=shared)
+        writers[index] = RunWriter(store, run_fields(requests[index], target.name, prompt_ids[index], groups[index], where),
+                                   group=shared)
         partial[index] = []
         callbacks[index] = on_record_for(index, requests[index]) if on_record_for is not None else None
 
@@ -372,7 +376,7 @@ def store_finished_run(store: Store, target_name: str, request: RunRequest, prom
                        group_id: str | None = None) -> str:
     """Store a run generated elsewhere (a sweep worker) exactly as ``record_run`` would have stored
     it while it ran: the same row, positions, tree rounds and summary. Returns its id."""
-    writer = RunWriter(store, run_fields(request, target_name, prompt_ids, group_id))
+    writer = RunWriter(store, run_fields(request, target_name, prompt_ids, group_id, run.device))
     nodes_by_round: dict[int, list[Any]] = {}
     for node in run.nodes:
         nodes_by_round.setdefault(node.block, []).append(node)

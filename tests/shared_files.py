@@ -14,6 +14,7 @@ from diagnostics.audit.reporting import summary_line
 from diagnostics.audit.suite import run_engine_audit, run_rule_audit, tiny_setup
 from diagnostics.evaluation.prompts import PromptItem
 from diagnostics.evaluation.settings import settings_of
+from diagnostics.store import SCHEMA_VERSION
 from diagnostics.models import load_model
 from diagnostics.comparison import compare_rules
 from diagnostics.runner import RunRequest, record_run
@@ -180,7 +181,7 @@ DEFECTS: list[tuple[str, list[str], str]] = [
     ("evidence with a bad pair", ["UPDATE audits SET evidence = replace(evidence, '\"dof\": ', '\"dof\": \"many\", \"x\": ') WHERE layer = 'rule'"],
      "refused: has an unusable 'pairs'"),
     ("missing prompt column", ["ALTER TABLE runs DROP COLUMN prompt"], "refused: its table runs has other columns than this tool writes (missing prompt)"),
-    ("no positions table", ["DROP TABLE positions"], "refused: claims schema 6 but has no positions table"),
+    ("no positions table", ["DROP TABLE positions"], f"refused: claims schema {SCHEMA_VERSION} but has no positions table"),
     ("tree nodes of no run", ["INSERT INTO tree_nodes VALUES ('nope', 0, 0, -1, 1, 0, 3, 0.5, NULL, 0.5, 0.5, 0.5, 0.1, "
                               "'accepted', 0.5, 'x')"], "refused: is not a runs file this tool can show: tree nodes of run nope belong to no run"),
     ("a tree node with an unknown decision", ["INSERT INTO tree_nodes SELECT run_id, 0, 0, -1, 1, 0, 3, 0.5, NULL, 0.5, 0.5, "

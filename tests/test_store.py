@@ -18,7 +18,12 @@ from diagnostics.models import load_model
 from diagnostics.comparison import compare_rules
 from diagnostics.runner import RunRequest, record_run
 from diagnostics.store import SCHEMA_VERSION, Store, StoreBusy, StoreError
-from diagnostics.store.schema import POSITION_COLUMNS_ADDED_IN_3, RUN_COLUMNS_ADDED_IN_3, RUN_COLUMNS_ADDED_IN_5
+from diagnostics.store.schema import (
+    POSITION_COLUMNS_ADDED_IN_3,
+    RUN_COLUMNS_ADDED_IN_3,
+    RUN_COLUMNS_ADDED_IN_5,
+    RUN_COLUMNS_ADDED_IN_7,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -217,7 +222,7 @@ def _downgrade(path: Path, version: int) -> None:
         con.execute("DROP TABLE sweeps")
         con.execute("DROP TABLE tree_nodes")
         con.execute("DROP TABLE tree_rounds")
-        for table, columns in (("runs", RUN_COLUMNS_ADDED_IN_3 + RUN_COLUMNS_ADDED_IN_5), ("positions", POSITION_COLUMNS_ADDED_IN_3)):
+        for table, columns in (("runs", RUN_COLUMNS_ADDED_IN_3 + RUN_COLUMNS_ADDED_IN_5 + RUN_COLUMNS_ADDED_IN_7), ("positions", POSITION_COLUMNS_ADDED_IN_3)):
             for column in columns:
                 con.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
         if version < 2:
@@ -434,6 +439,7 @@ def test_a_schema_4_file_gains_the_draft_stop_column(tmp_path) -> None:
     assert request_from_run(store.get_run(run_id)).draft_stop == 0.5
     with duckdb.connect(str(path)) as con:
         con.execute("ALTER TABLE runs DROP COLUMN draft_stop")
+        con.execute("ALTER TABLE runs DROP COLUMN device")
         con.execute("ALTER TABLE sweep_runs DROP COLUMN score")
         con.execute("UPDATE meta SET value = '4' WHERE key = 'schema_version'")
     old = Store(path, read_only=True)
@@ -461,3 +467,23 @@ def test_a_file_handle_conflict_between_threads_is_waited_out(tmp_path: Path, mo
 
     monkeypatch.setattr(core.duckdb, "connect", once_busy)
     assert store.list_runs().empty and refused
+
+
+def test_a_schema_6_file_gains_the_device_column(tmp_path) -> None:
+    """Schema 7 appends runs.device (where a run ran): a schema-6 file opens read-only with the device
+    unknown, and a writable open migrates it, its rows unchanged; new runs store the device."""
+    import duckdb
+
+    path = tmp_path / "runs.duckdb"
+    store = Store(path)
+    run_id = store.start_run({"rule": "lossless", "prompt": "hi", "target": "tiny", "seed": 1, "max_new_tokens": 4,
+                              "device": "cuda:0 bfloat16"})
+    assert store.get_run(run_id)["device"] == "cuda:0 bfloat16"
+    with duckdb.connect(str(path)) as con:
+        con.execute("ALTER TABLE runs DROP COLUMN device")
+        con.execute("UPDATE meta SET value = '6' WHERE key = 'schema_version'")
+    old = Store(path, read_only=True)
+    assert old.schema_version() == 6 and "device" not in old.get_run(run_id)
+    migrated = Store(path)
+    assert migrated.schema_version() == SCHEMA_VERSION == 7
+    assert migrated.get_run(run_id)["device"] is None and migrated.get_run(run_id)["prompt"] == "hi"

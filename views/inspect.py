@@ -51,8 +51,9 @@ positions = store.positions(run_id)
 
 shape = (f"tree {run['tree']} ({run.get('tree_children') or 'top'} children)" if run.get("tree")
          else f"γ = {run['gamma']}")
-st.caption(md("target {target} · draft {draft} · rule **{rule}** · {shape} · seed {seed} · status {status}", target=run["target"],
-              draft=run["draft"], rule=run["rule"], shape=shape, seed=run["seed"], status=run["status"]))
+st.caption(md("target {target} · draft {draft} · rule **{rule}** · {shape} · seed {seed} · status {status} · ran on {device}",
+              target=run["target"], draft=run["draft"], rule=run["rule"], shape=shape, seed=run["seed"], status=run["status"],
+              device=run.get("device") or "unknown (recorded before schema 7)"))
 with st.expander("Prompt, policy and output"):
     st.text(plain(run["prompt"], keep="\n\t"))  # bidi overrides and escapes shown, not obeyed
     st.json({"policy": json.loads(run["policy"] or "{}"), "draft policy": json.loads(run["draft_policy"] or "{}")})

@@ -8,7 +8,7 @@ import streamlit as st
 
 from diagnostics.charts import token_strip_html
 from diagnostics.engine import EngineError
-from diagnostics.models import ModelError, load_draft
+from diagnostics.models import ModelError, device_label, load_draft
 from diagnostics.rules import RULES, RuleError, get_rule
 from diagnostics.runner import record_run
 from diagnostics.store import Store, StoreError
@@ -85,6 +85,7 @@ if start and request is not None and rule_ok:
     except (ModelError, ValueError) as error:
         show_error(error)
         st.stop()
+    st.caption(md("Runs on {device}", device=device_label(target, draft) or "an unknown device"))
     progress = st.progress(0.0, text="starting…")
     stop_slot = st.empty()
     stop_slot.button("Stop", key="run_stop", help="Stops after the current block; what was recorded is kept, marked interrupted.")

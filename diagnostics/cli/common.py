@@ -115,6 +115,7 @@ def run_json(run_id: str, run: Any, db: str) -> str:
         "status": run.status,
         "rule": run.rule,
         "draft": run.draft,
+        "device": run.device,
         "tree": run.tree.text if run.tree is not None else None,
         "tree_children": run.tree.children if run.tree is not None else None,
         "tokens": len(run.tokens),

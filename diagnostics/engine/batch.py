@@ -43,6 +43,7 @@ from diagnostics.engine.tree_draft import TreeSpec
 from diagnostics.models import (
     LoadedModel,
     check_vocabularies,
+    device_label,
     early_exit_model,
     is_draft_head,
     load_model,
@@ -288,13 +289,17 @@ def _drive(pair: _Pair, plans: list[RowPlan], limit: int, gamma: int, spec: Tree
     """Run every row to its end, at most ``limit`` at a time; each step runs one stage for every row
     waiting on it (the stage with the lowest ``order`` first: drafts before verification)."""
     vocab, tokenizer, seams = loaded.vocab_size, loaded.tokenizer, pair.seams
+    where = device_label(loaded, pair.source.loaded or pair.source.head)
 
     def program(plan: RowPlan):
         drafter, scorer, release = pair.row(plan)
         try:
             if spec is not None:
-                return (yield from tree_row(plan, drafter, scorer, spec, vocab, tokenizer, seams))
-            return (yield from chain_row(plan, drafter, scorer, gamma, vocab, tokenizer, seams))
+                run = yield from tree_row(plan, drafter, scorer, spec, vocab, tokenizer, seams)
+            else:
+                run = yield from chain_row(plan, drafter, scorer, gamma, vocab, tokenizer, seams)
+            run.device = where
+            return run
         finally:
             release()
 

@@ -90,6 +90,7 @@ class Run:
     verified: int = 0  # tree runs: positions decided at a node with children
     nodes: list[Any] = field(default_factory=list)  # tree runs: tree_engine.NodeRecord per drafted node
     rounds: list[Any] = field(default_factory=list)  # tree runs: tree_engine.RoundRecord per round
+    device: str | None = None  # where it ran: "cuda:0 bfloat16" (``models.device_label``)
 
     @property
     def acceptance_rate(self) -> float | None:

@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from diagnostics.engine import PositionRecord
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 # Read-only opens accept files this old: newer schemas only added tables (read as empty) and
 # trailing columns (read as NULL).
 OLDEST_READABLE = 1
@@ -63,12 +63,15 @@ RUN_COLUMNS: dict[str, str] = {
     "tree": "VARCHAR",  # schema 3: the tree shape ("3,2,1", "budget 16, depth 5"); NULL for a chain
     "tree_children": "VARCHAR",  # schema 3: top, sample or sample-distinct
     "draft_stop": "DOUBLE",  # schema 5: adaptive drafting, stop a block after a draft x with q(x) < this; NULL: off
+    "device": "VARCHAR",  # schema 7: where it ran, "cuda:0 bfloat16" (and "; draft …" when the draft ran elsewhere); NULL: unknown
 }
 # Columns schema 3 appended; files of schema 1 and 2 lack them.
 RUN_COLUMNS_ADDED_IN_3 = ("tree", "tree_children")
 POSITION_COLUMNS_ADDED_IN_3 = ("tree_node",)
 # The column schema 5 appended; files of schema 1 to 4 lack it.
 RUN_COLUMNS_ADDED_IN_5 = ("draft_stop",)
+# The column schema 7 appended; files of schema 1 to 6 lack it (their device reads as unknown).
+RUN_COLUMNS_ADDED_IN_7 = ("device",)
 
 POSITION_COLUMNS: dict[str, str] = {
     "run_id": "VARCHAR",
@@ -216,12 +219,13 @@ MIGRATIONS: dict[int, list[str]] = {
                                                           if name not in SWEEP_RUN_COLUMNS_ADDED_IN_6}, SWEEP_RUNS_KEY)],
     4: [f"ALTER TABLE runs ADD COLUMN {name} {RUN_COLUMNS[name]}" for name in RUN_COLUMNS_ADDED_IN_5],
     5: [f"ALTER TABLE sweep_runs ADD COLUMN {name} {SWEEP_RUN_COLUMNS[name]}" for name in SWEEP_RUN_COLUMNS_ADDED_IN_6],
+    6: [f"ALTER TABLE runs ADD COLUMN {name} {RUN_COLUMNS[name]}" for name in RUN_COLUMNS_ADDED_IN_7],
 }
 
 
 def tables_of(version: int) -> dict[str, dict[str, str]]:
     """The tables (and their columns) a file of schema ``version`` has."""
-    later = RUN_COLUMNS_ADDED_IN_5 if version < 5 else ()
+    later = (RUN_COLUMNS_ADDED_IN_5 if version < 5 else ()) + (RUN_COLUMNS_ADDED_IN_7 if version < 7 else ())
     if version >= 3:
         runs, positions = {name: sql for name, sql in RUN_COLUMNS.items() if name not in later}, POSITION_COLUMNS
     else:

@@ -23,6 +23,7 @@ from diagnostics.store.schema import (
     RUN_COLUMNS,
     RUN_COLUMNS_ADDED_IN_3,
     RUN_COLUMNS_ADDED_IN_5,
+    RUN_COLUMNS_ADDED_IN_7,
     sql_type,
 )
 
@@ -122,7 +123,8 @@ def export_runs(store: Store, run_ids: list[str], path: str | Path, fmt: str = "
     return path
 
 
-_OPTIONAL = (*POSITION_COLUMNS_ADDED_IN_3, *(f"run.{name}" for name in RUN_COLUMNS_ADDED_IN_3 + RUN_COLUMNS_ADDED_IN_5))
+_OPTIONAL = (*POSITION_COLUMNS_ADDED_IN_3, *(f"run.{name}" for name in RUN_COLUMNS_ADDED_IN_3 + RUN_COLUMNS_ADDED_IN_5
+                                                                    + RUN_COLUMNS_ADDED_IN_7))
 
 
 def _select(columns: list[str], present: set[str], prefix: str = "") -> str:
