@@ -49,14 +49,22 @@ def log(message: str) -> None:
     print(f"[gpu_check {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def engine_audit(dtype: str, generations: int) -> dict:
-    from diagnostics.audit.suite import model_setup, run_engine_audit
+def _audit_setup(dtype: str):
+    """The embedded model and its early-exit:26 draft in ``dtype``, as the engine audit takes them."""
+    from diagnostics.audit.suite import model_setup
     from diagnostics.models import early_exit_model, load_model
 
     setup = model_setup("default")
     if dtype != "float32":
         setup.target = load_model("default", dtype=dtype)
         setup.draft = early_exit_model(setup.target, 26)
+    return setup
+
+
+def engine_audit(dtype: str, generations: int) -> dict:
+    from diagnostics.audit.suite import run_engine_audit
+
+    setup = _audit_setup(dtype)
     started = time.perf_counter()
     result = run_engine_audit("ours", setup, generations=generations, max_new_tokens=16, gamma=3)
     return {"verdict": result.verdict, "p_value": result.p_value, "tokens": result.tokens,
@@ -190,16 +198,12 @@ def paths(target, tokens: int) -> dict:
 
 
 def planted_bug(dtype: str, generations: int) -> dict:
-    """The engine audit of a planted bug on the device: it must fail."""
-    from diagnostics.audit.suite import model_setup, run_engine_audit
-    from diagnostics.models import early_exit_model, load_model
+    """The engine audit of a planted bug on the device: it must fail (12 generations fail it on a CPU, p < 1e-6)."""
+    from diagnostics.audit.suite import run_engine_audit
 
-    setup = model_setup("default")
-    if dtype != "float32":
-        setup.target = load_model("default", dtype=dtype)
-        setup.draft = early_exit_model(setup.target, 26)
+    setup = _audit_setup(dtype)
     started = time.perf_counter()
-    result = run_engine_audit("rollback_off_by_one", setup, generations=generations, max_new_tokens=16, gamma=3)
+    result = run_engine_audit("rollback_off_by_one", setup, generations=min(generations, 24), max_new_tokens=16, gamma=3)
     return {"implementation": "rollback_off_by_one", "verdict": result.verdict, "caught": result.verdict == "fail",
             "p_value": result.p_value, "tokens": result.tokens, "seconds": time.perf_counter() - started}
 

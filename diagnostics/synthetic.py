@@ -70,7 +70,7 @@ def make_pair(
         p = dirichlet(vocab, concentration, generator)
         q = dirichlet(vocab, concentration, generator)
     elif preset == "peaked":
-        ranks = torch.randperm(vocab, generator=generator).to(torch.float64)
+        ranks = torch.randperm(vocab, generator=generator, device=generator.device).to(torch.float64)
         p = torch.softmax(-1.5 * ranks, dim=-1)
         q = dirichlet(vocab, 2.0, generator)
     else:

@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass, field
 
 import torch
+from devices import DEVICE
 
 from diagnostics.audit.mutants import BATCH_MUTANTS, TREE_MUTANTS, StaleRollbackScorer
 from diagnostics.engine.drafting import TargetScorer
@@ -71,7 +72,7 @@ def _head_models(kind: str, vocab: int):
         from diagnostics.heads.layout import load_head, make_head
         from diagnostics.tiny import tiny_llama
 
-        target = tiny_llama(10, vocab=vocab, layers=4, sharpness=0.8)
+        target = tiny_llama(10, vocab=vocab, layers=4, sharpness=0.8, device=DEVICE)
         with tempfile.TemporaryDirectory() as folder:
             make_head(kind, target, folder, seed=3, scale=0.5)
             _HEADS[(kind, vocab)] = (target, load_head(kind, folder, target))

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
+from devices import DEVICE
 
 from diagnostics.audit import audit_recorded_run
 from diagnostics.audit.reporting import summary_line
@@ -64,7 +65,7 @@ def real_export(folder: Path, tiny_folder: str) -> RealExport:
     path = export_runs(store, [*run_ids, tree_run_id], folder / "export.duckdb", "duckdb")
     shared = Store(path)
     for result in (run_rule_audit("residual_softmax", samples=2_000).as_dict(),
-                   run_engine_audit("ours", tiny_setup(), generations=20, max_new_tokens=4).as_dict()):
+                   run_engine_audit("ours", tiny_setup(DEVICE), generations=20, max_new_tokens=4).as_dict()):
         audit_ids.append(shared.add_audit(result, summary_line(result)))
     _add_sweep(path, run_ids)
     return RealExport(path, run_ids, audit_ids, tree_run_id, SWEEP_ID)

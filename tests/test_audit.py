@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from devices import DEVICE
 
 from diagnostics.audit import BATCH_MUTANTS, ENGINE_MUTANTS, RULE_MUTANTS, audit_rule, battery, rule_adapter, transformers_adapter
 from diagnostics.rules import normalise_or
@@ -203,7 +204,7 @@ def test_audit_command_on_a_recorded_run(tmp_path, capsys) -> None:
 def test_engine_audit_passes_our_engine_on_several_seed_ranges(first_seed: int) -> None:
     from diagnostics.audit.suite import run_engine_audit, tiny_setup
 
-    result = run_engine_audit("ours", tiny_setup(), generations=800, first_seed=first_seed)
+    result = run_engine_audit("ours", tiny_setup(DEVICE), generations=800, first_seed=first_seed)
     assert result.verdict == "pass" and result.errors == 0 and result.impossible == 0, result.reasons
     assert result.positions and all(item.tokens >= 100 for item in result.positions)  # per-position tests ran
 
@@ -213,7 +214,7 @@ def test_engine_audit_passes_our_engine_on_several_seed_ranges(first_seed: int) 
 def test_every_engine_level_mutant_is_caught(name: str, first_seed: int) -> None:
     from diagnostics.audit.suite import run_engine_audit, tiny_setup
 
-    result = run_engine_audit(name, tiny_setup(), generations=400, first_seed=first_seed)
+    result = run_engine_audit(name, tiny_setup(DEVICE), generations=400, first_seed=first_seed)
     assert result.verdict == "fail", result
     if name == "truncation_dropped":
         # Tokens outside the top-k that the baseline policy never emits.
@@ -229,7 +230,7 @@ def test_batch_leaks_need_a_batch() -> None:
     from diagnostics.audit.suite import tiny_setup
     from diagnostics.engine import generate
 
-    setup = tiny_setup()
+    setup = tiny_setup(DEVICE)
     for name, (_, seams) in BATCH_MUTANTS.items():
         for seed in range(3):
             alone = generate(setup.target, setup.draft, setup.prompt_ids, gamma=3, max_new_tokens=12, seed=seed, seams=seams)
@@ -265,7 +266,7 @@ def test_engine_audit_of_transformers_assisted_generation() -> None:
     with the main generation config and verification uses its processed scores, so it passes."""
     from diagnostics.audit.suite import run_engine_audit, tiny_setup
 
-    result = run_engine_audit("transformers", tiny_setup(), generations=800)
+    result = run_engine_audit("transformers", tiny_setup(DEVICE), generations=800)
     assert result.verdict == "pass" and result.impossible == 0, result
     assert result.tokens > 5000 and result.detectable_tv < 0.05
 
@@ -327,7 +328,7 @@ def test_tree_engine_audit_passes_ours_and_fails_each_planted_tree_bug(capsys) -
     assert main(["audit", "--engine", "ours", "--tree", "3,2,1"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["verdict"] == "pass" and result["settings"]["tree"] == "3,2,1" and result["impossible"] == 0
-    setup = tiny_setup()
+    setup = tiny_setup(DEVICE)
     for name in TREE_MUTANTS:
         shape = "6,1" if name == "sibling_not_zeroed" else "3,2,1"
         planted = run_engine_audit(name, setup, generations=400, tree=parse_tree(shape))

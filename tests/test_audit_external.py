@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from devices import DEVICE
 
 from diagnostics.audit import BATCH_MUTANTS, ENGINE_MUTANTS
 from diagnostics.audit.external import audit_samples, recommended_generations
@@ -23,7 +24,7 @@ GENERATIONS = 400
 
 @pytest.fixture(scope="module")
 def setup():
-    return tiny_setup()
+    return tiny_setup(DEVICE)
 
 
 def _file(setup, tmp_path_factory, implementation: str, first_seed: int = 0, generations: int = GENERATIONS):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from tiny_models import tiny_llama, tiny_lm
+from devices import DEVICE
 
 from diagnostics.engine import EngineError, generate
 from diagnostics.metrics import total_variation
@@ -20,12 +21,12 @@ TOL = 1e-5
 
 @pytest.fixture(scope="module")
 def target():
-    return tiny_llama(0, vocab=12, sharpness=2.0)
+    return tiny_llama(0, vocab=12, sharpness=2.0, device=DEVICE)
 
 
 @pytest.fixture(scope="module")
 def draft():
-    return tiny_llama(1, vocab=12, sharpness=2.0)
+    return tiny_llama(1, vocab=12, sharpness=2.0, device=DEVICE)
 
 
 @torch.inference_mode()
@@ -193,7 +194,7 @@ def test_bad_settings_are_one_line_errors(target, draft, kwargs: dict, fragment:
 
 def test_draft_with_another_vocabulary_is_refused(target) -> None:
     with pytest.raises(ModelError, match="vocabularies differ"):
-        generate(target, tiny_llama(3, vocab=10), PROMPT, max_new_tokens=2)
+        generate(target, tiny_llama(3, vocab=10, device=DEVICE), PROMPT, max_new_tokens=2)
     with pytest.raises(ModelError, match="unknown drafter"):
         generate(target, "medusa-heads:3", PROMPT, max_new_tokens=2)
 
@@ -219,7 +220,7 @@ def test_caches_are_laid_out_as_transformers_lays_them_out() -> None:
 
     from diagnostics.engine.drafting import new_cache
 
-    target = tiny_llama(seed=0, layers=3)
+    target = tiny_llama(seed=0, layers=3, device=DEVICE)
     new_cache(target.model)  # the target's layout is read (and kept) before the shell is copied
     for model in (early_exit_model(target, 1).model, target.model):
         built, expected = new_cache(model), DynamicCache(config=model.config)

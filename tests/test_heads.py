@@ -12,6 +12,7 @@ import shutil
 
 import pytest
 import torch
+from devices import DEVICE
 
 from diagnostics.cli import main
 from diagnostics.engine import generate_batch
@@ -28,7 +29,7 @@ PROMPTS = [[1, 2, 3, 4], [1, 2, 3, 4], [5, 6], [7, 8, 9, 1, 2, 3]]
 
 @pytest.fixture(scope="module")
 def target():
-    return tiny_llama(0, vocab=12, layers=5, sharpness=2.0)
+    return tiny_llama(0, vocab=12, layers=5, sharpness=2.0, device=DEVICE)
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +116,7 @@ def test_draft_vocabulary_maps_onto_the_targets_ids(target, tmp_path) -> None:
 
 
 def test_bad_heads_are_one_line_errors(heads, tmp_path) -> None:
-    other = tiny_llama(0, vocab=12, layers=5, sharpness=2.0)
+    other = tiny_llama(0, vocab=12, layers=5, sharpness=2.0, device=DEVICE)
     other.model.config.hidden_size = 64  # a target of another width
     with pytest.raises(ModelError, match="target_hidden_size is 32 but the target's is 64"):
         load_head("eagle3", str(heads["eagle3"][0]), other)

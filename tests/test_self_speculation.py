@@ -12,6 +12,7 @@ import math
 
 import pytest
 import torch
+from devices import DEVICE
 
 from diagnostics.audit.mutants import StaleRollbackScorer
 from diagnostics.engine import CORRECT, EngineError, EngineSeams, generate
@@ -31,7 +32,7 @@ P_TOLERANCE = 5e-5
 
 @pytest.fixture(scope="module")
 def target():
-    return tiny_llama(3, vocab=40, layers=4, sharpness=2.0, eos=39)
+    return tiny_llama(3, vocab=40, layers=4, sharpness=2.0, eos=39, device=DEVICE)
 
 
 def _layer_tokens(model) -> list[int]:
@@ -91,13 +92,13 @@ def test_reuse_runs_the_shared_layers_once(target) -> None:
 def test_reuse_applies_only_to_the_targets_own_early_exit(target) -> None:
     shell = early_exit_model(target, 2)
     assert shares_layers(target, shell) == 2 and supports_layer_reuse(target)
-    other = tiny_llama(4, vocab=40, layers=2)
+    other = tiny_llama(4, vocab=40, layers=2, device=DEVICE)
     assert shares_layers(target, other) is None
     assert split_layer(target, shell, TargetScorer) == 2
     # An audit's planted scorer keeps the two-forward path: the planted bug must stay visible.
     assert split_layer(target, shell, StaleRollbackScorer) is None
     assert split_layer(target, other, TargetScorer) is None
-    windowed = tiny_llama(3, vocab=40, layers=4)
+    windowed = tiny_llama(3, vocab=40, layers=4, device=DEVICE)
     windowed.model.config.model_type = "mistral"
     windowed.model.config.sliding_window = 16
     assert not supports_layer_reuse(windowed)

@@ -17,6 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import torch
+from devices import DEVICE
 
 from diagnostics.audit.engine_level import _uniformity, randomized_pits
 from diagnostics.audit.external import audit_scored_samples
@@ -173,7 +174,7 @@ class _Fake(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def server():
-    _Fake.target = tiny_setup().target
+    _Fake.target = tiny_setup(DEVICE).target
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Fake)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()

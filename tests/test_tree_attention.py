@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 from transformers import DynamicCache
+from devices import DEVICE
 
 from diagnostics.tiny import tiny_llama
-from devices import DEVICE
 from diagnostics.engine.tree_attention import TokenTree, tree_inputs, tree_logits
 
 PREFIX = [1, 5, 2, 7, 3]
@@ -19,7 +19,7 @@ TREE = TokenTree(parents=(-1, -1, -1, 0, 0, 1, 3), tokens=(4, 6, 4, 8, 9, 4, 10)
 
 @pytest.fixture(scope="module")
 def model():
-    return tiny_llama(seed=3, vocab=12, layers=2)
+    return tiny_llama(seed=3, vocab=12, layers=2, device=DEVICE)
 
 
 def _sequential(model, prefix: list[int], tree: TokenTree) -> torch.Tensor:
@@ -28,8 +28,8 @@ def _sequential(model, prefix: list[int], tree: TokenTree) -> torch.Tensor:
     for node in [None, *range(len(tree.tokens))]:
         path = [] if node is None else [tree.tokens[i] for i in tree.path(node)]
         with torch.inference_mode():
-            logits = model.model(input_ids=torch.tensor([prefix + path]), use_cache=False).logits
-        rows.append(logits[0, -1].float())
+            logits = model.model(input_ids=torch.tensor([prefix + path], device=DEVICE), use_cache=False).logits
+        rows.append(logits[0, -1].float().cpu())  # tree_logits returns the host copy
     return torch.stack(rows)
 
 
@@ -41,7 +41,7 @@ def test_tree_logits_equal_sequential_forwards_along_each_path(model) -> None:
 def test_with_a_prefix_cache_that_is_left_untouched(model) -> None:
     cache = DynamicCache()
     with torch.inference_mode():
-        model.model(input_ids=torch.tensor([PREFIX[:-1]]), past_key_values=cache, use_cache=True)
+        model.model(input_ids=torch.tensor([PREFIX[:-1]], device=DEVICE), past_key_values=cache, use_cache=True)
     before = cache.get_seq_length()
     got = tree_logits(model, PREFIX, TREE, cache=cache)
     assert torch.allclose(got, _sequential(model, PREFIX, TREE), atol=1e-4)
@@ -51,10 +51,10 @@ def test_with_a_prefix_cache_that_is_left_untouched(model) -> None:
 
 
 def _forward(model, mask: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
-    ids = torch.tensor([PREFIX + list(TREE.tokens)])
+    ids = torch.tensor([PREFIX + list(TREE.tokens)], device=DEVICE)
     with torch.inference_mode():
         kwargs = {"position_ids": positions} if positions is not None else {}
-        return model.model(input_ids=ids, attention_mask=mask, use_cache=False, **kwargs).logits[0, len(PREFIX) - 1 :].float()
+        return model.model(input_ids=ids, attention_mask=mask, use_cache=False, **kwargs).logits[0, len(PREFIX) - 1 :].float().cpu()
 
 
 def test_the_documented_traps_are_caught(model) -> None:

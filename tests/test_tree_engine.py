@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+from devices import DEVICE
 
 from diagnostics.engine import EngineError, generate
 from diagnostics.gof import gof_tokens, power, required_samples
@@ -28,7 +29,7 @@ VOCAB = 12
 
 @pytest.fixture(scope="module")
 def target():
-    return tiny_llama(seed=21, vocab=VOCAB, layers=3, sharpness=2.0, eos=VOCAB - 1)
+    return tiny_llama(seed=21, vocab=VOCAB, layers=3, sharpness=2.0, eos=VOCAB - 1, device=DEVICE)
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import torch
+
 from diagnostics.audit.engine_level import EngineAudit, PitSample, audit_generator, engine_generator, pit_sample, transformers_generator
 from diagnostics.audit.mutants import BATCH_MUTANTS, ENGINE_MUTANT_POLICY, ENGINE_MUTANTS, RULE_MUTANTS, TREE_MUTANTS
 from diagnostics.audit.rule_level import RuleAudit, audit_rule, battery, model_pairs, rule_adapter, transformers_adapter
@@ -92,11 +94,12 @@ class EngineSetup:
     description: dict = field(default_factory=dict)
 
 
-def tiny_setup() -> EngineSetup:
-    """Two random 2-layer Llamas over 12 tokens (EOS = 11) and a 7-token prompt."""
+def tiny_setup(device: str | torch.device = "cpu") -> EngineSetup:
+    """Two random 2-layer Llamas over 12 tokens (EOS = 11) and a 7-token prompt, on ``device``."""
     from diagnostics.tiny import tiny_llama
 
-    target, draft = tiny_llama(0, vocab=12, sharpness=2.0), tiny_llama(1, vocab=12, sharpness=2.0)
+    target = tiny_llama(0, vocab=12, sharpness=2.0, device=device)
+    draft = tiny_llama(1, vocab=12, sharpness=2.0, device=device)
     return EngineSetup(target, draft, [1, 2, 3, 4, 1, 2, 3], {11},
                        {"target": "tiny-llama-0 (random, 12 tokens)", "draft": "tiny-llama-1 (random)"})
 

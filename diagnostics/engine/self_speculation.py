@@ -122,8 +122,8 @@ class SelfDrafter:
             if token in eos or unsure(q_draft, token, self.draft_stop):
                 break
             feed = [token]
-        return tokens, torch.stack(laws) if laws else torch.empty(0, vocab, dtype=torch.float64,
-                                                                  device=self.split.stages.lower.device)
+        device = self.split.stages.lower.device
+        return tokens, torch.stack(laws) if laws else torch.empty(0, vocab, dtype=torch.float64, device=device)
 
     def commit(self, length: int) -> None:
         self.split.rollback(length)

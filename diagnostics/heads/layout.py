@@ -85,7 +85,8 @@ def make_head(kind: str, target: LoadedModel, out: str | Path, *, seed: int = 0,
     generator = torch.Generator().manual_seed(seed)
     if kind == "medusa":
         head_config = MedusaConfig(medusa_heads, medusa_layers, hidden, vocab)
-        module = MedusaHeads(head_config)
+        with torch.device("cpu"):  # a file's weights: drawn and written on the host
+            module = MedusaHeads(head_config)
         state = {key: _random(value, key, generator, scale) for key, value in module.published_state().items()}
         if init == "target":
             state = _medusa_from_target(state, target, medusa_layers)
@@ -103,7 +104,8 @@ def make_head(kind: str, target: LoadedModel, out: str | Path, *, seed: int = 0,
             rope_theta=float(getattr(config, "rope_theta", None) or 10000.0),
             head_dim=int(getattr(config, "head_dim", None) or hidden // heads),
             aux_layer_ids=list(default_taps(int(config.num_hidden_layers))))
-        module = Eagle3Head(head_config)
+        with torch.device("cpu"):
+            module = Eagle3Head(head_config)
         state = {key: _random(value, key, generator, scale) for key, value in module.state_dict().items()
                  if key not in ("d2t", "t2d")}
         chosen = torch.arange(size, device="cpu")  # a file's tensors: on the host
@@ -205,7 +207,8 @@ def load_head(kind: str, path_or_id: str, target: LoadedModel, local_only: bool 
         if kind == "medusa":
             state = _weights(folder, ["medusa_lm_head.safetensors", "medusa_lm_head.pt", "model.safetensors", "pytorch_model.bin"])
             head_config, state = read_medusa(raw, state)
-            module: Any = MedusaHeads(head_config)
+            with torch.device("cpu"):  # built where the file's weights are read, then moved to the target's device
+                module: Any = MedusaHeads(head_config)
             _fits("hidden_size", head_config.hidden_size, hidden)
             _fits("vocab_size", head_config.vocab_size, vocab)
             module.load_published(state)
@@ -219,7 +222,8 @@ def load_head(kind: str, path_or_id: str, target: LoadedModel, local_only: bool 
             head_config = Eagle3Config.from_json(raw)
             _fits("target_hidden_size", head_config.target_hidden_size, hidden)
             _fits("vocab_size", head_config.vocab_size, vocab)
-            module = Eagle3Head(head_config)
+            with torch.device("cpu"):  # built where the file's weights are read, then moved to the target's device
+                module = Eagle3Head(head_config)
             state = _weights(folder, ["model.safetensors", "pytorch_model.bin"])
             state = {key: value for key, value in state.items() if not key.startswith("embed_tokens")}
             module.load_state_dict(state, strict=True)
