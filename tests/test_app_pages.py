@@ -165,7 +165,8 @@ def test_run_page_shows_the_stored_status_of_a_stopped_run(populated, tiny_folde
     at.run()
     at.switch_page("views/run.py").run()
     assert not at.exception
-    assert at.warning and f"Last run ` {run_id} `: ` interrupted ` · {stored['n_tokens']} / 16 tokens" == at.warning[0].value
+    assert at.warning and (f"Last run ` {run_id} `: ` interrupted ` · {stored['n_tokens']} / 16 tokens · ran on ` {stored['device']} `"
+                           == at.warning[0].value)
     assert any(f"(/inspect?run={run_id})" in markdown.value for markdown in at.markdown)
 
 

@@ -19,6 +19,7 @@ playwright_api = pytest.importorskip("playwright.sync_api")
 # On the tiny model (seed 0, n-gram drafts, γ 4, lenience:0.5, as the form defaults) no EOS comes
 # within 240 tokens: a run long enough (seconds) to be stopped from the page.
 BUDGET = 240
+DEVICE_TEXT = re.compile(r"Runs on (cpu|cuda:\d+) float32")
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +88,8 @@ def test_stop_keeps_the_run_and_shows_its_status(setup, page) -> None:
     page.get_by_role("button", name="Run", exact=True).click()
     stop = page.get_by_role("button", name="Stop", exact=True)
     stop.wait_for(timeout=60_000)
+    # Where the run computes, said as it starts (the tiny model loads on CUDA where there is one).
+    page.get_by_text(DEVICE_TEXT).first.wait_for(timeout=30_000)
     page.locator(".tok").first.wait_for(timeout=60_000)
     try:
         stop.click(timeout=5_000)
@@ -100,11 +103,12 @@ def test_stop_keeps_the_run_and_shows_its_status(setup, page) -> None:
     assert href.startswith("/inspect?run="), href
     run_id = parse_qs(urlsplit(href).query)["run"][0]
     stored = Store(setup["db"], read_only=True).get_run(run_id)
+    assert DEVICE_TEXT.search(f"Runs on {stored['device']}"), stored["device"]
     stopped = stored["status"] == "interrupted"
     _shot(page, "run_stopped" if stopped else "run_completed")
     if stopped:
         banner = page.get_by_text("Last run").inner_text()
-        assert "interrupted" in banner, banner
+        assert "interrupted" in banner and stored["device"] in banner, banner
         kept = int(re.search(rf"(\d+) / {BUDGET} tokens", banner).group(1))
         assert kept == stored["n_tokens"] < BUDGET
     else:
@@ -113,6 +117,7 @@ def test_stop_keeps_the_run_and_shows_its_status(setup, page) -> None:
     # A failure here was seen once under CI's load (not reproduced since): say what the page showed.
     wait_or_explain(page, page.get_by_role("heading", name="Inspect a run"), "Inspect of the stopped run", timeout_ms=60_000)
     wait_or_explain(page, page.get_by_text("Position 0:").first, "position 0 of the stopped run on Inspect", timeout_ms=90_000)
+    assert page.get_by_text(f"ran on {stored['device']}").count() >= 1
 
 
 def test_a_medusa_head_drafts_a_sparse_tree_from_the_page_and_inspect_recomputes_its_q(setup, page) -> None:

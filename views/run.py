@@ -50,7 +50,8 @@ def show_stored_run(run_id: str) -> None:
         return
     status, count, budget = run["status"], int(run["n_tokens"] or 0), int(run["max_new_tokens"] or 0)
     box = st.success if status == "complete" else st.warning if status in ("interrupted", "running") else st.error
-    box(md("Last run {run}: {status} · ", run=run_id, status=status) + (f"{count:d} / {budget:d} tokens" if budget else f"{count:d} tokens"))
+    box(md("Last run {run}: {status} · ", run=run_id, status=status) + (f"{count:d} / {budget:d} tokens" if budget else f"{count:d} tokens")
+        + (md(" · ran on {device}", device=run["device"]) if run.get("device") else ""))
     if status == "failed" and run.get("error"):
         show_error(run["error"])
     st.markdown(run_link(f"Inspect run {run_id}", run_id))
