@@ -17,7 +17,16 @@ import torch
 
 from diagnostics.explain import StepView, explain_step
 from diagnostics.engine.drafting import fit_vocabulary
-from diagnostics.models import EMBEDDED_NAME, LoadedModel, ModelError, early_exit_model, is_draft_head, load_model, parse_draft
+from diagnostics.models import (
+    EMBEDDED_NAME,
+    LoadedModel,
+    ModelError,
+    early_exit_model,
+    float_logits,
+    is_draft_head,
+    load_model,
+    parse_draft,
+)
 from diagnostics.policy import Policy, probabilities
 from diagnostics.rules import get_rule
 
@@ -75,7 +84,7 @@ def teacher_forced_laws(loaded: LoadedModel, prompt_ids: list[int], tokens: list
 
     ids = torch.tensor([list(prompt_ids) + list(tokens)], device=loaded.device)
     keep = len(tokens) + 1
-    logits = loaded.model(input_ids=ids, use_cache=False, logits_to_keep=keep).logits[0, -keep:].float().cpu()
+    logits = float_logits(loaded.model(input_ids=ids, use_cache=False, logits_to_keep=keep).logits[0, -keep:]).cpu()
     return probabilities(fit_vocabulary(logits, vocab or loaded.vocab_size), policy)
 
 
@@ -191,12 +200,12 @@ class _Rows:
         else:
             keep = len(ids) - first
             logits = outer(input_ids=sequence, use_cache=False, logits_to_keep=keep).logits[0]
-            self.rows = logits[:count].detach().float()
+            self.rows = float_logits(logits[:count].detach())
 
     @torch.inference_mode()
     def logits(self, index: int) -> torch.Tensor:
         row = self.rows[index]
-        return (self.head(row) if self.head is not None else row).float().cpu()
+        return float_logits(self.head(row) if self.head is not None else row).cpu()
 
 
 def _last_hidden(output: Any) -> torch.Tensor | None:

@@ -49,6 +49,7 @@ from diagnostics.audit.rule_level import DETECTION_POWER, holm
 from diagnostics.audit.samples import Sample, SamplesError, usable
 from diagnostics.engine.drafting import fit_vocabulary
 from diagnostics.gof import required_samples
+from diagnostics.models import float_logits
 from diagnostics.policy import probabilities
 
 DEFAULT_DETECT_TV = 0.05  # the distortion a user wants ruled out by default: the bugs engines had moved TV 0.05–0.7
@@ -161,7 +162,7 @@ def teacher_forced_batch(target: Any, sequences: Sequence[tuple[list[int], list[
             chunk = indices[first : first + rows]
             keep = max(len(sequences[index][1]) for index in chunk) + 1
             ids = torch.tensor([list(sequences[index][0]) + list(sequences[index][1]) for index in chunk], device=target.device)
-            logits = target.model(input_ids=ids, use_cache=False, logits_to_keep=keep).logits[:, -keep:].float().cpu()
+            logits = float_logits(target.model(input_ids=ids, use_cache=False, logits_to_keep=keep).logits[:, -keep:]).cpu()
             logits = fit_vocabulary(logits, target.vocab_size)
             for row, index in enumerate(chunk):
                 count = len(sequences[index][1])

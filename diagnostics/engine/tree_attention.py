@@ -21,7 +21,7 @@ from functools import cached_property, lru_cache
 
 import torch
 
-from diagnostics.models import LoadedModel
+from diagnostics.models import LoadedModel, float_logits
 
 
 @dataclass(frozen=True)
@@ -137,4 +137,4 @@ def tree_logits(loaded: LoadedModel, prefix: list[int], tree: TokenTree, cache=N
     out = loaded.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                        past_key_values=work, use_cache=work is not None)
     fresh = len(prefix) - cached
-    return out.logits[0, fresh - 1 :].float().cpu()
+    return float_logits(out.logits[0, fresh - 1 :]).cpu()

@@ -25,6 +25,7 @@ import torch
 
 from diagnostics.engine.drafting import fit_vocabulary
 from diagnostics.heads.eagle3 import HeadCache
+from diagnostics.models import float_logits
 from diagnostics.policy import Policy, probabilities
 
 TOLERANCE = 1e-4  # float32 forwards batched differently agree to about 1e-6
@@ -77,7 +78,7 @@ def reference_q(head: Any, target: Any, committed: list[int], drafts: list[int],
         for index, token in enumerate(drafts):
             last = module.step(embedded([token]), last[None], count - 1 + index, cache)[-1]
         logits = module.logits(last, vocab)
-    return probabilities(fit_vocabulary(logits.float().cpu(), vocab), policy)
+    return probabilities(fit_vocabulary(float_logits(logits).cpu(), vocab), policy)
 
 
 @dataclass
