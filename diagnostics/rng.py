@@ -82,15 +82,35 @@ def uniforms(
     """
     if all(isinstance(value, int) for value in (seed, position, sibling)):
         return torch.tensor(uniform_scalar(seed, position, slot, sibling), dtype=torch.float64, device=device)
+    return torch.from_numpy(_uniform_array(seed, position, slot_id(slot), sibling)).to(device)
+
+
+def _uniform_array(seed, position, slot, sibling) -> np.ndarray:
+    """The float64 uniforms of every broadcast key ``(seed, position, slot, sibling)``, on the host."""
     with np.errstate(over="ignore"):
-        fields = np.broadcast_arrays(
-            _as_u64(seed), _as_u64(position), _as_u64(slot_id(slot)), _as_u64(sibling)
-        )
+        fields = np.broadcast_arrays(_as_u64(seed), _as_u64(position), _as_u64(slot), _as_u64(sibling))
         state = np.zeros(fields[0].shape, dtype=np.uint64)
         for field, key in zip(fields, _FIELD_KEYS):
             state = _mix64(state ^ field ^ key)
     words = (state >> np.uint64(11)).astype(np.float64)
-    return torch.from_numpy(np.asarray(words * (1.0 / 9007199254740992.0), dtype=np.float64)).to(device)
+    return np.asarray(words * (1.0 / 9007199254740992.0), dtype=np.float64)
+
+
+def round_uniforms(seeds: list[int], positions: list[int], width: int, device: torch.device | str) -> torch.Tensor:
+    """``U[b, j, s]`` for a round of many rows in one call: the uniform keyed by ``(seeds[b], positions[b] + j,
+    slot s)`` for ``j < width`` and ``s`` = ``draft``, ``accept``, ``fallback`` (``SLOTS`` order).
+
+    Bit for bit ``uniform_scalar(seeds[b], positions[b] + j, s)``: computed on the host in one pass
+    and copied to ``device`` once, so a round of any number of rows costs one transfer."""
+    return torch.from_numpy(round_uniform_array(seeds, positions, width)).to(device)
+
+
+def round_uniform_array(seeds: list[int], positions: list[int], width: int) -> np.ndarray:
+    """``round_uniforms`` on the host (``[B, width, 3]`` float64): what the records store as ``u``."""
+    seed = np.asarray(seeds, dtype=np.int64)[:, None, None]
+    position = np.asarray(positions, dtype=np.int64)[:, None, None] + np.arange(width, dtype=np.int64)[None, :, None]
+    slot = np.arange(len(SLOTS), dtype=np.int64)[None, None, :]
+    return _uniform_array(seed, position, slot, 0)
 
 
 def _mix64_int(x: int) -> int:

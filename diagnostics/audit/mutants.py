@@ -18,7 +18,8 @@ import torch
 
 from diagnostics.engine.drafting import TargetScorer
 from diagnostics.engine import EngineSeams, fallback_law, target_laws
-from diagnostics.engine.forward import Forward, Output
+from diagnostics.engine.forward import Block, BlockOutput, Forward, Output
+from diagnostics.engine.verify_rows import at_index
 from diagnostics.policy import Policy, probabilities
 from diagnostics.rng import sample_inverse_cdf
 from diagnostics.rules import Rule, normalise_or
@@ -101,9 +102,9 @@ class StaleRollbackScorer(TargetScorer):
         self.cached = min(self.cached, length + 1)
 
 
-def _residual_next_position(rule: Rule, p_laws: torch.Tensor, q_laws: torch.Tensor, index: int) -> torch.Tensor:
+def _residual_next_position(rule: Rule, p_laws: torch.Tensor, q_laws: torch.Tensor, index) -> torch.Tensor:
     # Off-by-one indexing: the residual pairs q_i with p_{i+1} (the row after the rejected one).
-    return rule.fallback(p_laws[index + 1], q_laws[index])
+    return rule.fallback(at_index(p_laws, index + 1), at_index(q_laws, index))
 
 
 def _untruncated_verification(logits: torch.Tensor, policy: Policy, drafted: int) -> torch.Tensor:
@@ -111,7 +112,7 @@ def _untruncated_verification(logits: torch.Tensor, policy: Policy, drafted: int
     laws = probabilities(logits, policy)
     if drafted:
         laws = laws.clone()
-        laws[:drafted] = probabilities(logits[:drafted], Policy(temperature=policy.temperature))
+        laws[..., :drafted, :] = probabilities(logits[..., :drafted, :], Policy(temperature=policy.temperature))
     return laws
 
 
@@ -182,9 +183,13 @@ ENGINE_MUTANTS: dict[str, tuple[str, EngineSeams]] = {
 # -- batched engine: rows that leak into each other ---------------------------------------------
 
 
-def _neighbours_p(requests: list[Forward], outputs: list[Output]) -> list[Output]:
+def _neighbours_p(requests, outputs):
     # The target's logits handed to the wrong rows: each row verified with the next row's p (where the
     # next row asked for at least as many positions).
+    if isinstance(requests, Block):  # the round program: every row asked for as many positions
+        if len(requests.slots) < 2 or requests.stage.order < 1:
+            return outputs
+        return BlockOutput(logits=outputs.logits.roll(-1, dims=0), hidden=outputs.hidden)
     if len(outputs) < 2 or requests[0].stage.order < 1:
         return outputs
     leaked = []
@@ -195,9 +200,17 @@ def _neighbours_p(requests: list[Forward], outputs: list[Output]) -> list[Output
     return leaked
 
 
-def _swapped_slots(requests: list[Forward]) -> list[Forward]:
+def _swapped_slots(requests):
     # The verifier's slot table off by one row after prefill: a target forward over a cached prefix
     # runs each row on the next row's keys and values (a row's prompt, on its first forward, is right).
+    if isinstance(requests, Block):  # the round program: one block of every row, in its own order
+        slots = requests.slots
+        if len(slots) < 2 or requests.stage.order < 1:
+            return requests
+        ordered = sorted(slots)  # the slot table: each row gets the next slot in use
+        following = {slot: ordered[(index + 1) % len(ordered)] for index, slot in enumerate(ordered)}
+        return replace(requests, slots=[following[slot] if start > 0 else slot
+                                        for slot, start in zip(slots, requests.starts)])
     if len(requests) < 2 or requests[0].stage.order < 1:
         return requests
     slots = [request.slot for request in requests]

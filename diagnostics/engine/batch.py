@@ -27,6 +27,7 @@ from diagnostics.engine.chain import chain_row
 from diagnostics.engine.drafting import ModelDrafter, NgramDrafter, TargetScorer
 from diagnostics.engine.forward import full_stage
 from diagnostics.engine.head_drafting import HeadDrafter, head_stage
+from diagnostics.engine.program import RoundProgram, supports_program
 from diagnostics.engine.records import PositionRecord, Run
 from diagnostics.engine.seams import CORRECT, EngineSeams
 from diagnostics.engine.self_speculation import LayerSplitRow, SelfDrafter, SplitScorer, SplitStages, split_layer
@@ -215,6 +216,7 @@ def generate_batch(
     batch_size: int | None = None,
     on_start: Callable[[int], None] | None = None,
     on_finish: Callable[[int, Run], None] | None = None,
+    core: str = "tensor",
 ) -> list[Run | None]:
     """Generate one ``Run`` per prompt, ``batch_size`` rows (default: all) per forward, in prompt order.
 
@@ -230,8 +232,15 @@ def generate_batch(
     ends (a caller stores runs as they finish). A ``should_stop`` that is one callable for the
     whole batch also keeps rows that have not started from starting: their result is ``None``;
     the rows in flight end ``interrupted`` at their next round.
+
+    ``core``: ``tensor`` (the default) runs a chain of plain decoding, a draft model or the early exit
+    as one tensor program per round (``diagnostics.engine.program``); ``rows`` runs each row's own
+    program (``chain.chain_row``), the test oracle. Trees, heads, n-gram and custom drafters always
+    run per row.
     """
     loaded = wrap_model(target) if not isinstance(target, LoadedModel) else target
+    if core not in ("tensor", "rows"):
+        raise EngineError(f"core must be 'tensor' or 'rows', got {core!r}")
     count = len(prompts)
     if count == 0:
         raise EngineError("no prompts: give at least one")
@@ -280,6 +289,9 @@ def generate_batch(
     capacity = max(len(plan.prompt) + plan.max_new_tokens for plan in plans) + gamma + (spec.max_nodes if spec else 0) + 2
     pair = _Pair(loaded, source, seams, spec is not None, reuse_layers, rows, capacity, draft_stop)
     stop_all = should_stop if callable(should_stop) else None
+    if core == "tensor" and supports_program(pair, spec is not None):
+        where = device_label(loaded, source.loaded or source.head)
+        return RoundProgram(pair, plans, rows, gamma, loaded, where).run(stop_all, on_start, on_finish)
     return _drive(pair, plans, rows, gamma, spec, loaded, stop_all, on_start, on_finish)
 
 
@@ -379,6 +391,7 @@ def generate(
     on_round: Callable[[Any, list[Any]], None] | None = None,
     reuse_layers: bool = True,
     draft_stop: float | None = None,
+    core: str = "tensor",
 ) -> Run:
     """Generate one sequence with speculative decoding under ``rule`` (plain decoding when ``draft`` is ``None``):
     ``generate_batch`` with one row.
@@ -409,7 +422,7 @@ def generate(
         on_record=None if on_record is None else (lambda _row, rec: on_record(rec)),
         on_round=None if on_round is None else (lambda _row, rnd, nodes: on_round(rnd, nodes)),
         should_stop=should_stop, seams=seams, tree=tree, tree_children=tree_children, tree_budget=tree_budget,
-        tree_depth=tree_depth, reuse_layers=reuse_layers, draft_stop=draft_stop,
+        tree_depth=tree_depth, reuse_layers=reuse_layers, draft_stop=draft_stop, core=core,
     )
     return runs[0]
 

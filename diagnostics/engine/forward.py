@@ -72,6 +72,67 @@ class Output:
     taps: torch.Tensor | None = None  # [n, k·H]: the tapped hidden states of every input (a draft head's features)
 
 
+@dataclass
+class Block:
+    """Every row of one step of the round program (``diagnostics.engine.program``) in one request.
+
+    Row ``b`` feeds ``sizes[b]`` inputs (``tokens[b, :sizes[b]]``, or ``hidden[b, :sizes[b]]`` for a split
+    model's upper layers) into slot ``slots[b]`` from cache position ``starts[b]``, causally; the inputs
+    after ``sizes[b]`` are padding (written past the row's data, their outputs dropped). The outputs of
+    each row's last ``keep`` real inputs come back as one ``[B, keep, V]`` tensor. ``tokens`` and
+    ``hidden`` stay on the device; ``slots``, ``starts`` and ``sizes`` are the host's bookkeeping.
+    """
+
+    stage: Any
+    slots: list[int]
+    starts: list[int]
+    sizes: list[int]
+    keep: int
+    tokens: torch.Tensor | None = None  # [B, Q] long
+    hidden: torch.Tensor | None = None  # [B, Q, H]
+
+    @property
+    def count(self) -> int:
+        return int((self.tokens if self.tokens is not None else self.hidden).shape[1])
+
+    @property
+    def uniform(self) -> bool:
+        """One start and every row full: the unbatched forward's shape (no mask, no gather)."""
+        return all(start == self.starts[0] for start in self.starts) and all(size == self.count for size in self.sizes)
+
+
+@dataclass
+class BlockOutput:
+    """What a ``Block`` gives back: logits ``[B, keep, V]`` and, for a stage that keeps them, every
+    input's hidden state ``[B, Q, H]``."""
+
+    logits: torch.Tensor
+    hidden: torch.Tensor | None = None
+
+
+def row_mask(starts: torch.Tensor, count: int, width: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``[B, 1, Q, K]`` causal additive mask of rows writing ``Q`` inputs from ``starts`` ``[B]``:
+    query ``i`` of row ``b`` sees keys ``≤ starts[b] + i`` (0), every other key gets ``finfo(dtype).min``."""
+    columns = torch.arange(width, device=device)
+    allowed = columns[None, None, :] <= (starts[:, None] + torch.arange(count, device=device))[:, :, None]
+    mask = torch.full(allowed.shape, torch.finfo(dtype).min, dtype=dtype, device=device).masked_fill_(allowed, 0.0)
+    return mask[:, None]
+
+
+def last_inputs(outputs: torch.Tensor, block: Block) -> torch.Tensor:
+    """``[B, keep, …]``: each row's outputs at its last ``keep`` real inputs (one gather when rows differ).
+
+    A row with fewer inputs than ``keep`` (only a planted stale cache makes one) repeats its first output,
+    as the per-row driver's clamped ``keep`` leaves its laws shifted."""
+    count, keep = block.count, block.keep
+    if keep <= count and all(size == count for size in block.sizes):
+        return outputs[:, count - keep :]
+    columns = torch.tensor([[max(0, size - keep + i) for i in range(keep)] for size in block.sizes], dtype=torch.long,
+                           device=outputs.device)
+    index = columns.view(*columns.shape, *([1] * (outputs.dim() - 2))).expand(-1, -1, *outputs.shape[2:])
+    return outputs.gather(1, index)
+
+
 def lock_step(requests: list[Forward]) -> bool:
     """Plain causal requests with one ``start`` and one ``n``: the unbatched forward's shape, no mask."""
     first = requests[0]
@@ -270,6 +331,24 @@ class DirectStage:
         return [Output(logits=row, hidden=hidden[index, : r.size]) for index, (row, r) in enumerate(zip(logits, requests))]
 
 
+    @torch.inference_mode()
+    def run_block(self, block: Block) -> BlockOutput:
+        """Every row of a round step in one forward (``Block``); no per-row work on the host."""
+        parts = self.parts
+        count = block.count
+        hidden = block.hidden if self.takes_hidden else parts.embed(block.tokens)
+        self.store.prepare(block.slots, block.starts, count, hidden.device)
+        if block.uniform:
+            hidden = parts.run(hidden, block.starts[0], self.layers, self.store)
+        else:
+            starts = torch.tensor(block.starts, dtype=torch.long, device=hidden.device)
+            mask = row_mask(starts, count, self.store.get_seq_length(), parts.dtype, hidden.device)
+            positions = starts[:, None] + torch.arange(count, device=hidden.device)
+            hidden = parts.run_rows(hidden, positions, mask, self.layers, self.store)
+        logits = parts.logits(last_inputs(hidden, block))
+        return BlockOutput(logits=logits, hidden=hidden if self.keeps_hidden else None)
+
+
 class ModuleStage:
     """A module that takes the slot store as its cache (``accepts_slot_cache``): one call per step."""
 
@@ -296,6 +375,21 @@ class ModuleStage:
             return [Output(logits=logits[0, request.size - request.keep : request.size])]
         flat = logits.reshape(-1, logits.shape[-1]).index_select(0, _kept_rows(requests, count, logits.device))
         return [Output(logits=row) for row in _split(flat, requests)]
+
+
+    @torch.inference_mode()
+    def run_block(self, block: Block) -> BlockOutput:
+        """Every row of a round step in one call of the module (``Block``)."""
+        device = self.loaded.device
+        count = block.count
+        width = self.store.prepare(block.slots, block.starts, count, device)
+        starts = torch.tensor(block.starts, dtype=torch.long, device=device)
+        extra: dict[str, Any] = {"position_ids": starts[:, None] + torch.arange(count, device=device)}
+        if not block.uniform:
+            extra["attention_mask"] = row_mask(starts, count, width, torch.float32, device)
+        logits = float_logits(self.loaded.model(input_ids=block.tokens, past_key_values=self.store, use_cache=True,
+                                                **extra).logits)
+        return BlockOutput(logits=last_inputs(logits, block))
 
 
 class RowStage:

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 import torch
 
 from diagnostics.engine.drafting import TargetScorer
-from diagnostics.engine.forward import Forward, Output
+from diagnostics.engine.forward import Block, BlockOutput, Forward, Output
 from diagnostics.engine.tree_walk import all_node_steps
+from diagnostics.engine.verify_rows import at_index
 from diagnostics.policy import Policy, probabilities
 from diagnostics.rules import Rule
 
@@ -21,24 +22,29 @@ from diagnostics.rules import Rule
 def target_laws(logits: torch.Tensor, policy: Policy, drafted: int) -> torch.Tensor:
     """``p`` for the ``drafted`` verified positions and the bonus position: the policy on every row.
 
-    ``drafted`` is unused here; it is in the signature so an audit's planted bug can treat the
-    verified rows differently from the bonus row (see ``EngineSeams``).
+    ``logits`` is ``[drafted + 1, V]`` (one row's block) or ``[G, drafted + 1, V]`` (a group of rows
+    in the round program). ``drafted`` is unused here; it is in the signature so an audit's planted
+    bug can treat the verified rows differently from the bonus row (see ``EngineSeams``).
     """
     return probabilities(logits, policy)
 
 
-def fallback_law(rule: Rule, p_laws: torch.Tensor, q_laws: torch.Tensor, index: int) -> torch.Tensor:
-    """The law the token is drawn from after rejecting the draft at block index ``index``: ``f(p_i, q_i)``."""
-    return rule.fallback(p_laws[index], q_laws[index])
+def fallback_law(rule: Rule, p_laws: torch.Tensor, q_laws: torch.Tensor, index: int | torch.Tensor) -> torch.Tensor:
+    """The law the token is drawn from after rejecting the draft at block index ``index``: ``f(p_i, q_i)``.
+
+    One row: ``p_laws`` ``[n + 1, V]``, ``q_laws`` ``[n, V]``, ``index`` an int. A group of rows (the
+    round program): ``[G, n + 1, V]``, ``[G, n, V]`` and ``index`` ``[G]``, one law per row ``[G, V]``."""
+    return rule.fallback(at_index(p_laws, index), at_index(q_laws, index))
 
 
-def route(requests: list[Forward]) -> list[Forward]:
-    """The requests a stage runs for a batch's rows: each row's own (its slot, its inputs)."""
+def route(requests: list[Forward] | Block) -> list[Forward] | Block:
+    """The requests a stage runs for a batch's rows: each row's own (its slot, its inputs). The per-row
+    driver passes a list of ``Forward``; the round program one ``Block`` of every row."""
     return requests
 
 
-def hand_back(requests: list[Forward], outputs: list[Output]) -> list[Output]:
-    """What each row gets back from a batched forward: its own output."""
+def hand_back(requests: list[Forward] | Block, outputs: list[Output] | BlockOutput) -> list[Output] | BlockOutput:
+    """What each row gets back from a batched forward: its own output (a list per row, or a ``BlockOutput``)."""
     return outputs
 
 
