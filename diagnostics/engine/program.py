@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from diagnostics.engine.drafting import fit_vocabulary
+from diagnostics.engine.drafting import NgramDrafter, fit_vocabulary
 from diagnostics.engine.forward import Block, BlockOutput
 from diagnostics.engine.records import PositionRecord, Run, finish
 from diagnostics.engine.verify_rows import ACCEPT, DRAFT, FALLBACK, Columns, draw_rows, verify_group
@@ -44,7 +44,7 @@ from diagnostics.rng import round_uniform_array
 def supports_program(pair: Any, tree: bool) -> bool:
     """Whether ``generate_batch`` runs this batch as one tensor program: a chain of plain decoding, a draft
     model or the target's early exit, over stages with a batched forward (``run_block``)."""
-    if tree or pair.source.kind not in ("none", "model"):
+    if tree or pair.source.kind not in ("none", "model", "ngram"):
         return False
     if pair.split is not None:
         return True
@@ -91,7 +91,9 @@ class RoundProgram:
     def __init__(self, pair: Any, plans: list[Any], limit: int, gamma: int, loaded: Any, where: str) -> None:
         self.pair, self.plans, self.limit, self.loaded, self.where = pair, plans, limit, loaded, where
         self.seams = pair.seams
-        self.drafting = pair.source.kind == "model"
+        self.drafting = pair.source.kind in ("model", "ngram")
+        self.model_draft = pair.source.kind == "model"
+        self.lookup = NgramDrafter(pair.source.ngram, loaded.device) if pair.source.kind == "ngram" else None
         self.gamma = gamma if self.drafting else 0
         self.vocab = loaded.vocab_size
         self.device = loaded.device
@@ -119,7 +121,7 @@ class RoundProgram:
             else:
                 row.target_slot = pair.target_stage.store.attach()
                 row.scorer = self.seams.scorer(pair.target_stage, row.target_slot)
-                if self.drafting:
+                if self.model_draft:
                     row.draft_slot = pair.draft_stage.store.attach()
             rows.append(row)
         return rows
@@ -130,7 +132,7 @@ class RoundProgram:
             pair.split.store.detach(row.target_slot)
             return
         pair.target_stage.store.detach(row.target_slot)
-        if self.drafting:
+        if self.model_draft:
             pair.draft_stage.store.detach(row.draft_slot)
 
     # -- forwards -----------------------------------------------------------------------------
@@ -198,6 +200,19 @@ class RoundProgram:
             picked.append(law.gather(-1, token[:, None]).squeeze(-1))
         return torch.stack(drafts, dim=1), torch.stack(laws, dim=1), torch.stack(picked, dim=1), (kept, first_sizes)
 
+    def _lookup_drafts(self, rows: list[_Row], budgets: list[int]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """Prompt lookup for every row on the host (``drafting.NgramDrafter``): drafts ``[B, γ]`` (zeros after
+        each row's own), their point-mass laws ``[B, γ, V]``, and how many each row found (cut after EOS)."""
+        found = []
+        for row, budget in zip(rows, budgets):
+            tokens = self.lookup._lookup(row.committed, min(self.gamma, budget))
+            ends = [index for index, token in enumerate(tokens) if token in row.plan.eos]
+            found.append(tokens[: ends[0] + 1] if ends else tokens)
+        drafts = torch.tensor([tokens + [0] * (self.gamma - len(tokens)) for tokens in found], dtype=torch.long,
+                              device=self.device)
+        laws = torch.zeros((len(rows), self.gamma, self.vocab), dtype=torch.float64, device=self.device)
+        return drafts, laws.scatter_(-1, drafts[..., None], 1.0), [len(tokens) for tokens in found]
+
     def _after_pending(self, pending: torch.Tensor, sizes: list[int], items: torch.Tensor) -> torch.Tensor:
         """``[B, m + γ, …]``: each row's ``sizes[b]`` pending inputs, then its ``γ`` items ``[B, γ, …]``
         (one scatter when the pending counts differ, as on a row's first round or under a planted stale cache)."""
@@ -252,7 +267,10 @@ class RoundProgram:
         kept: list[torch.Tensor] = []
         count = torch.tensor([min(gamma, budget) for budget in budgets], dtype=torch.long, device=device)
         budget = torch.tensor(budgets, dtype=torch.long, device=device)
-        if gamma:
+        if gamma and self.lookup is not None:
+            drafts, q_laws, found = self._lookup_drafts(rows, budgets)
+            limit = torch.tensor(found, dtype=torch.long, device=device)
+        elif gamma:
             drafts, q_laws, q_picked, kept = self._draft(rows, groups, uniforms)
             # Drafts after an EOS draft (or after one the draft is unsure of) never count.
             stop = torch.isin(drafts, self.eos)
