@@ -3,6 +3,7 @@
 1. Plain decoding of ``--rows`` rows (one prompt, a seed per row, every position recorded) against
    transformers' plain batched ``generate(do_sample=True)`` of the same rows, in this process,
    alternating the two (median of ``--repeat``).
+Ours is the tensor program (``core="tensor"``).
 2. ``early-exit:26`` with ``lenience:0.5`` at γ 4 over ``--rows`` rows: this checkout against the code
    of ``--peer`` (a git revision, checked out into a temporary folder), each side in its own process
    (the model loaded once per process, one warm-up, then the timed calls), alternating processes.
@@ -24,6 +25,7 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 
 # Run by each side's process with its own code first on sys.path: prints one JSON line per timed call.
@@ -40,7 +42,8 @@ draft = None if draft == "none" else draft
 for call in range(calls + 1):  # the first call warms up
     seeds = list(range(call * rows, (call + 1) * rows))
     start = time.perf_counter()
-    runs = generate_batch(target, draft, [prompt] * rows, rule, seeds, gamma=gamma, max_new_tokens=tokens, eos_token_id=[])
+    extra = {"core": "tensor"} if "core" in generate_batch.__code__.co_varnames else {}  # the peer may predate it
+    runs = generate_batch(target, draft, [prompt] * rows, rule, seeds, gamma=gamma, max_new_tokens=tokens, eos_token_id=[], **extra)
     seconds = time.perf_counter() - start
     if call:
         print(json.dumps({"positions": sum(len(run.tokens) for run in runs), "seconds": seconds,
@@ -77,7 +80,7 @@ def plain_against_transformers(args: argparse.Namespace) -> dict:
     def ours() -> float:
         start = time.perf_counter()
         runs = generate_batch(target, None, [prompt] * args.rows, "lossless", [next(seeds) for _ in range(args.rows)],
-                              max_new_tokens=args.tokens, eos_token_id=[])
+                              max_new_tokens=args.tokens, eos_token_id=[], core="tensor")
         assert all(len(run.records) == args.tokens for run in runs)
         return sum(len(run.tokens) for run in runs) / (time.perf_counter() - start)
 

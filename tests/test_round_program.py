@@ -150,7 +150,7 @@ def test_an_interrupted_row_is_kept_and_marked() -> None:
         return calls["n"] > 3
 
     runs = generate_batch(target, draft, [[1, 2, 3]] * 2, "lenience:0.5", [0, 1], gamma=2, max_new_tokens=30,
-                          eos_token_id=[], should_stop=[stop, None])
+                          eos_token_id=[], should_stop=[stop, None], core="tensor")
     assert runs[0].status == "interrupted" and runs[0].stop_reason == "stopped" and 0 < len(runs[0].tokens) < 30
     assert runs[1].status == "complete" and len(runs[1].tokens) == 30
     assert len(runs[0].records) == len(runs[0].tokens)
@@ -196,7 +196,7 @@ def test_work_per_round_does_not_grow_with_rows(setup: str) -> None:
     """32 rows cost at most 1.5× the dispatched ops and host reads of 4 rows (on a GPU each read is a
     sync, each op a launch); the per-row programs, a per-row loop, grow by 4× or more and fail it."""
     target = tiny_llama(3, vocab=VOCAB, layers=4, device=DEVICE)
-    kind, rule = GROWTH[setup]
+    kind, rule = GROWTH[setup]  # the n-gram chain is in the oracle test above
     draft = {None: None, "early-exit": early_exit_model(target, 2), "model": tiny_llama(4, vocab=VOCAB, layers=1, device=DEVICE)}[kind]
     ops4, reads4 = _counts(target, draft, 4, rule, "tensor")
     ops32, reads32 = _counts(target, draft, 32, rule, "tensor")
@@ -205,3 +205,19 @@ def test_work_per_round_does_not_grow_with_rows(setup: str) -> None:
     row_ops4, row_reads4 = _counts(target, draft, 4, rule, "rows")
     row_ops32, row_reads32 = _counts(target, draft, 32, rule, "rows")
     assert row_ops32 > 3 * row_ops4 and row_reads32 > 3 * row_reads4
+
+
+def test_every_planted_engine_bug_plants_in_the_tensor_program() -> None:
+    """The seams are batched hooks: each engine and batch mutant changes what the program emits (the
+    end-to-end losslessness tests then reject them; here, that they plant at all)."""
+    from diagnostics.audit.mutants import BATCH_MUTANTS, ENGINE_MUTANT_POLICY, ENGINE_MUTANTS
+
+    target = tiny_lm(VOCAB, seed=1, sharpness=1.5, dtype=torch.float64)
+    draft = tiny_lm(VOCAB, seed=2, sharpness=1.5, dtype=torch.float64)
+    prompts = [[1, 2, 3, 4], [5, 6], [7, 1, 2], [3, 3]] * 4
+    for name, (_, seams) in {**ENGINE_MUTANTS, **BATCH_MUTANTS}.items():
+        policy = Policy(**ENGINE_MUTANT_POLICY.get(name, {}))
+        kwargs = dict(gamma=3, max_new_tokens=10, policies=policy, eos_token_id=[], record=False, core="tensor")
+        correct = generate_batch(target, draft, prompts, "lossless", list(range(len(prompts))), **kwargs)
+        planted = generate_batch(target, draft, prompts, "lossless", list(range(len(prompts))), seams=seams, **kwargs)
+        assert any(a.tokens != b.tokens for a, b in zip(correct, planted)), name
