@@ -16,13 +16,13 @@ products (measured in ``tests/test_batch.py`` and the README).
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from diagnostics.engine.admission import Admission
 from diagnostics.engine.chain import chain_row
 from diagnostics.engine.drafting import ModelDrafter, NgramDrafter, TargetScorer
 from diagnostics.engine.forward import full_stage
@@ -317,7 +317,7 @@ def _drive(pair: _Pair, plans: list[RowPlan], limit: int, gamma: int, spec: Tree
             release()
 
     results: list[Run | None] = [None] * len(plans)
-    waiting = deque(range(len(plans)))
+    waiting = Admission(len(plans), stop_all, on_start)
     active: dict[int, tuple[Any, Any]] = {}
 
     def advance(index: int, rows: Any, value: Any) -> None:
@@ -331,17 +331,9 @@ def _drive(pair: _Pair, plans: list[RowPlan], limit: int, gamma: int, spec: Tree
             return
         active[index] = (rows, request)
 
-    started = 0
     try:
         while waiting or active:
-            while waiting and len(active) < limit:
-                if started and stop_all is not None and stop_all():
-                    waiting.clear()  # stopped: rows not yet begun never start
-                    break
-                index = waiting.popleft()
-                started += 1
-                if on_start is not None:
-                    on_start(index)
+            for index in waiting.take(limit - len(active)):
                 advance(index, program(plans[index]), None)
             if not active:
                 continue

@@ -25,7 +25,6 @@ tensors, the scorer's ``rollback`` on each row's cache length), so planted bugs 
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from diagnostics.engine.admission import Admission
 from diagnostics.engine.drafting import NgramDrafter, fit_vocabulary
 from diagnostics.engine.forward import Block, BlockOutput
 from diagnostics.engine.records import PositionRecord, Run, finish
@@ -373,22 +373,12 @@ class RoundProgram:
     def run(self, stop_all: Callable[[], bool] | None = None, on_start: Callable[[int], None] | None = None,
             on_finish: Callable[[int, Run], None] | None = None) -> list[Run | None]:
         results: list[Run | None] = [None] * len(self.plans)
-        waiting = deque(range(len(self.plans)))
+        waiting = Admission(len(self.plans), stop_all, on_start)
         active: list[_Row] = []
-        started = 0
         try:
             while waiting or active:
                 active = [row for row in active if not self._done(row, results, on_finish)]
-                joining = []
-                while waiting and len(active) + len(joining) < self.limit:
-                    if started and stop_all is not None and stop_all():
-                        waiting.clear()  # stopped: rows not yet begun never start
-                        break
-                    index = waiting.popleft()
-                    started += 1
-                    if on_start is not None:
-                        on_start(index)
-                    joining.append(index)
+                joining = waiting.take(self.limit - len(active))
                 joined = self._join(joining) if joining else []
                 active.extend(joined)
                 # Polled between rounds, as the per-row programs do: a stopped row ends ``interrupted``.
