@@ -216,7 +216,7 @@ def generate_batch(
     batch_size: int | None = None,
     on_start: Callable[[int], None] | None = None,
     on_finish: Callable[[int, Run], None] | None = None,
-    core: str = "rows",
+    core: str = "tensor",
 ) -> list[Run | None]:
     """Generate one ``Run`` per prompt, ``batch_size`` rows (default: all) per forward, in prompt order.
 
@@ -233,11 +233,10 @@ def generate_batch(
     whole batch also keeps rows that have not started from starting: their result is ``None``;
     the rows in flight end ``interrupted`` at their next round.
 
-    ``core``: ``rows`` (the default) runs each row's own program (``chain.chain_row``); ``tensor`` runs a
-    chain of plain decoding, a draft model, the early exit or n-grams as one tensor program per round
-    (``diagnostics.engine.program``: flat host work as rows grow, but on 2 CPU cores still slower than
-    the per-row programs for lossy early-exit batches, see the README). Trees, heads and custom
-    drafters always run per row.
+    ``core``: ``tensor`` (the default) runs a chain of plain decoding, a draft model, the early exit or
+    n-grams as one tensor program per round (``diagnostics.engine.program``: host work flat as rows grow);
+    ``rows`` runs each row's own program (``chain.chain_row``), the tensor program's oracle. Trees, heads
+    and custom drafters always run per row.
     """
     loaded = wrap_model(target) if not isinstance(target, LoadedModel) else target
     if core not in ("tensor", "rows"):
@@ -384,7 +383,7 @@ def generate(
     on_round: Callable[[Any, list[Any]], None] | None = None,
     reuse_layers: bool = True,
     draft_stop: float | None = None,
-    core: str = "rows",
+    core: str = "tensor",
 ) -> Run:
     """Generate one sequence with speculative decoding under ``rule`` (plain decoding when ``draft`` is ``None``):
     ``generate_batch`` with one row.

@@ -36,9 +36,10 @@ from diagnostics.engine.admission import Admission
 from diagnostics.engine.drafting import NgramDrafter, fit_vocabulary
 from diagnostics.engine.forward import Block, BlockOutput
 from diagnostics.engine.records import PositionRecord, Run, finish
-from diagnostics.engine.verify_rows import ACCEPT, DRAFT, FALLBACK, Columns, draw_rows, verify_group
+from diagnostics.engine.verify_rows import ACCEPT, DRAFT, FALLBACK, Columns, draw_rows, row_chunks, verify_group
 from diagnostics.policy import probabilities
 from diagnostics.rng import round_uniform_array
+from diagnostics.rules.single import laws_from_engine
 
 
 def supports_program(pair: Any, tree: bool) -> bool:
@@ -282,14 +283,16 @@ class RoundProgram:
             limit = count
         logits = self._verify_logits(rows, drafts, kept)
         buffers = []
-        for lo, hi in groups:
-            plan = rows[lo].plan
-            p_laws = self.seams.target_laws(logits[lo:hi], plan.policy, gamma)
-            columns = Columns(gamma, min(plan.top_k_record, self.vocab), plan.record)
-            group_drafts = drafts[lo:hi] if gamma else torch.zeros((hi - lo, 0), dtype=torch.long, device=device)
-            buffers.append(verify_group(plan.rule, p_laws, q_laws[lo:hi] if gamma else None, group_drafts,
-                                        uniforms[lo:hi], limit[lo:hi], budget[lo:hi], self.eos, self.seams.fallback_law,
-                                        columns))
+        with laws_from_engine():  # softmax laws: normalised as in a checked call, without its host reads
+            for group_lo, group_hi in groups:
+                plan = rows[group_lo].plan
+                columns = Columns(gamma, min(plan.top_k_record, self.vocab), plan.record)
+                for lo, hi in row_chunks(group_lo, group_hi, (gamma + 1) * logits.shape[-1], device):
+                    p_laws = self.seams.target_laws(logits[lo:hi], plan.policy, gamma)
+                    group_drafts = drafts[lo:hi] if gamma else torch.zeros((hi - lo, 0), dtype=torch.long, device=device)
+                    buffers.append(verify_group(plan.rule, p_laws, q_laws[lo:hi] if gamma else None, group_drafts,
+                                                uniforms[lo:hi], limit[lo:hi], budget[lo:hi], self.eos,
+                                                self.seams.fallback_law, columns))
         # One copy per round: groups' buffers differ in width only when they record differently.
         width = max(buffer.shape[1] for buffer in buffers)
         if len(buffers) > 1:

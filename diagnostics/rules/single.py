@@ -16,7 +16,10 @@ draft could not have proposed is accepted only if the target allows it.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -36,6 +39,23 @@ class RuleError(ValueError):
 # --------------------------------------------------------------------------------------------
 
 
+# Set (``laws_from_engine``) while the round program verifies laws it made itself with a softmax: the
+# checks below read a tensor back to the host, a device sync per call on a GPU, for inputs that
+# cannot fail them. The normalisation stays, so the laws are bit for bit those of a checked call.
+_ENGINE_LAWS: contextvars.ContextVar[bool] = contextvars.ContextVar("engine_laws", default=False)
+
+
+@contextlib.contextmanager
+def laws_from_engine() -> Iterator[None]:
+    """Within this block ``as_law`` normalises without validating (no host read): only for laws the
+    engine computed as probabilities, never for a caller's input."""
+    token = _ENGINE_LAWS.set(True)
+    try:
+        yield
+    finally:
+        _ENGINE_LAWS.reset(token)
+
+
 def as_law(x: torch.Tensor, name: str = "p") -> torch.Tensor:
     """``x / Σ x`` in float64 after checking ``x`` is finite, non-negative, with positive mass.
 
@@ -47,6 +67,8 @@ def as_law(x: torch.Tensor, name: str = "p") -> torch.Tensor:
     x = x.to(torch.float64)
     if x.dim() == 0:
         raise RuleError(f"{name} must have a vocabulary dimension, got a scalar")
+    if _ENGINE_LAWS.get():
+        return x / x.sum(-1, keepdim=True)
     # One fused pass in the common case; diagnose only when something is wrong.
     if not ((x >= 0) & (x < math.inf)).all():
         if not torch.isfinite(x).all():
