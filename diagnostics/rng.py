@@ -113,6 +113,19 @@ def round_uniform_array(seeds: list[int], positions: list[int], width: int) -> n
     return _uniform_array(seed, position, slot, 0)
 
 
+def tree_round_uniform_array(seeds: list[int], positions: list[int], depth: int, width: int) -> np.ndarray:
+    """``U[b, t, x, s]`` (float64, host) of a tree round of many rows: the uniform keyed by ``(seeds[b],
+    positions[b] + t, slot s, sibling x)`` for ``t ≤ depth``, ``x < width`` and every slot. A node at depth
+    ``d`` drawn as the ``i``-th of its level uses ``U[b, d − 1, i, draft]``; the ``j``-th child tried at
+    depth ``d`` uses ``U[b, d, j, accept]``; the draw that ends the round at depth ``d``, ``U[b, d, 0, fallback]``."""
+    seed = np.asarray(seeds, dtype=np.int64)[:, None, None, None]
+    position = (np.asarray(positions, dtype=np.int64)[:, None, None, None]
+                + np.arange(depth + 1, dtype=np.int64)[None, :, None, None])
+    sibling = np.arange(max(1, width), dtype=np.int64)[None, None, :, None]
+    slot = np.arange(len(SLOTS), dtype=np.int64)[None, None, None, :]
+    return _uniform_array(seed, position, slot, sibling)
+
+
 def _mix64_int(x: int) -> int:
     x = (x + 0x9E3779B97F4A7C15) & _MASK64
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64

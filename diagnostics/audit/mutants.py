@@ -25,6 +25,7 @@ from diagnostics.rng import sample_inverse_cdf
 from diagnostics.rules import Rule, normalise_or
 from diagnostics.rules.single import coin_draws
 from diagnostics.engine.tree_attention import tree_inputs
+from diagnostics.engine.tree_rows import unzeroed_steps_rows
 from diagnostics.engine.tree_walk import all_node_steps
 
 Verify = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Generator], torch.Tensor]
@@ -148,6 +149,11 @@ class FlatPositionScorer(TargetScorer):
         return mask, flat
 
 
+    @staticmethod
+    def tree_positions(prefix_lengths, depths):
+        return prefix_lengths[:, None] + torch.arange(depths.shape[0], device=depths.device)[None, :]
+
+
 class SiblingRowScorer(TargetScorer):
     """KV compaction that keeps, for each accepted node, the row of its first sibling: right when the
     first candidate was accepted, a refused sibling's keys and values otherwise."""
@@ -163,7 +169,7 @@ class SiblingRowScorer(TargetScorer):
 
 TREE_MUTANTS: dict[str, tuple[str, EngineSeams]] = {
     "sibling_not_zeroed": ("a refused sibling is not zeroed (and the law renormalised) before the next is tried",
-                           EngineSeams(tree_steps=_unzeroed_tree_steps)),
+                           EngineSeams(tree_steps=_unzeroed_tree_steps, tree_steps_rows=unzeroed_steps_rows)),
     "flat_position_ids": ("tree position_ids counted along the flattened tree instead of by depth",
                           EngineSeams(scorer=FlatPositionScorer)),
     "kv_keeps_refused_sibling": ("KV compaction keeps a refused sibling's row instead of the accepted node's",

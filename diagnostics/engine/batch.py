@@ -27,6 +27,7 @@ from diagnostics.engine.chain import chain_row
 from diagnostics.engine.drafting import ModelDrafter, NgramDrafter, TargetScorer
 from diagnostics.engine.forward import full_stage
 from diagnostics.engine.head_drafting import HeadDrafter, head_stage
+from diagnostics.engine.tree_program import TreeProgram, supports_tree_program
 from diagnostics.engine.program import RoundProgram, supports_program
 from diagnostics.engine.records import PositionRecord, Run
 from diagnostics.engine.seams import CORRECT, EngineSeams
@@ -289,6 +290,9 @@ def generate_batch(
     capacity = max(len(plan.prompt) + plan.max_new_tokens for plan in plans) + gamma + (spec.max_nodes if spec else 0) + 2
     pair = _Pair(loaded, source, seams, spec is not None, reuse_layers, rows, capacity, draft_stop)
     stop_all = should_stop if callable(should_stop) else None
+    if core == "tensor" and spec is not None and supports_tree_program(pair, spec):
+        where = device_label(loaded, source.loaded or source.head)
+        return TreeProgram(pair, plans, rows, spec, loaded, where).run(stop_all, on_start, on_finish)
     if core == "tensor" and supports_program(pair, spec is not None):
         where = device_label(loaded, source.loaded or source.head)
         return RoundProgram(pair, plans, rows, gamma, loaded, where).run(stop_all, on_start, on_finish)

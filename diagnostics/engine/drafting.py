@@ -114,6 +114,12 @@ class TargetScorer:
     tree_inputs = staticmethod(tree_inputs)
 
     @staticmethod
+    def tree_positions(prefix_lengths: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
+        """``[B, N]`` rotary positions of every row's tree nodes in the round program: node ``i`` of a row
+        with ``prefix_lengths[b]`` committed tokens sits at ``prefix_lengths[b] − 1 + depths[i]`` (as ``tree_inputs``)."""
+        return prefix_lengths[:, None] - 1 + depths[None, :]
+
+    @staticmethod
     def path_rows(prefix_length: int, tree: TokenTree, path: list[int]) -> list[int]:
         """Cache rows to keep after a round: the prefix, then each accepted node's row in path order."""
         return list(range(prefix_length)) + [prefix_length + node for node in path]

@@ -90,6 +90,10 @@ class Block:
     keep: int
     tokens: torch.Tensor | None = None  # [B, Q] long
     hidden: torch.Tensor | None = None  # [B, Q, H]
+    # A tree step: each input's rotary position [B, Q] and the keys it sees [B, Q, K] (K = max start + Q),
+    # instead of the causal defaults.
+    positions: torch.Tensor | None = None
+    visible: torch.Tensor | None = None
 
     @property
     def count(self) -> int:
@@ -97,8 +101,18 @@ class Block:
 
     @property
     def uniform(self) -> bool:
-        """One start and every row full: the unbatched forward's shape (no mask, no gather)."""
-        return all(start == self.starts[0] for start in self.starts) and all(size == self.count for size in self.sizes)
+        """One start, every row full, causal: the unbatched forward's shape (no mask, no gather)."""
+        return (self.visible is None and all(start == self.starts[0] for start in self.starts)
+                and all(size == self.count for size in self.sizes))
+
+    def inputs(self, width: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The additive mask ``[B, 1, Q, width]`` and positions ``[B, Q]`` of a non-uniform block: causal
+        from each row's start, or the tree step's own ``visible`` and ``positions``."""
+        starts = torch.tensor(self.starts, dtype=torch.long, device=device)
+        if self.visible is None:
+            return row_mask(starts, self.count, width, dtype, device), starts[:, None] + torch.arange(self.count, device=device)
+        mask = torch.full(self.visible.shape, torch.finfo(dtype).min, dtype=dtype, device=device)
+        return mask.masked_fill_(self.visible, 0.0)[:, None], self.positions
 
 
 @dataclass
@@ -212,6 +226,16 @@ class SlotStore:
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self._width
+
+    @torch.inference_mode()
+    def move_rows(self, slots: torch.Tensor, sources: torch.Tensor, targets: torch.Tensor) -> None:
+        """For every row ``b`` at once: the cached token at column ``sources[b, k]`` of slot ``slots[b]`` moves
+        to column ``targets[b, k]`` (``[B, P]`` long; all sources are read before any target is written).
+        A tree round keeps each row's accepted path after its prefix this way, in one gather per layer."""
+        rows = slots[:, None].expand_as(sources)
+        for table in (self.keys, self.values):
+            for tensor in table.values():
+                tensor[rows, :, targets] = tensor[rows, :, sources]
 
     @torch.inference_mode()
     def keep_rows(self, slot: int, rows: list[int]) -> None:
@@ -341,9 +365,7 @@ class DirectStage:
         if block.uniform:
             hidden = parts.run(hidden, block.starts[0], self.layers, self.store)
         else:
-            starts = torch.tensor(block.starts, dtype=torch.long, device=hidden.device)
-            mask = row_mask(starts, count, self.store.get_seq_length(), parts.dtype, hidden.device)
-            positions = starts[:, None] + torch.arange(count, device=hidden.device)
+            mask, positions = block.inputs(self.store.get_seq_length(), parts.dtype, hidden.device)
             hidden = parts.run_rows(hidden, positions, mask, self.layers, self.store)
         logits = parts.logits(last_inputs(hidden, block))
         return BlockOutput(logits=logits, hidden=hidden if self.keeps_hidden else None)
@@ -383,10 +405,10 @@ class ModuleStage:
         device = self.loaded.device
         count = block.count
         width = self.store.prepare(block.slots, block.starts, count, device)
-        starts = torch.tensor(block.starts, dtype=torch.long, device=device)
-        extra: dict[str, Any] = {"position_ids": starts[:, None] + torch.arange(count, device=device)}
+        mask, positions = block.inputs(width, torch.float32, device)
+        extra: dict[str, Any] = {"position_ids": positions}
         if not block.uniform:
-            extra["attention_mask"] = row_mask(starts, count, width, torch.float32, device)
+            extra["attention_mask"] = mask
         logits = float_logits(self.loaded.model(input_ids=block.tokens, past_key_values=self.store, use_cache=True,
                                                 **extra).logits)
         return BlockOutput(logits=last_inputs(logits, block))

@@ -112,10 +112,7 @@ class RoundProgram:
         pair, rows = self.pair, []
         for index in indices:
             plan = self.plans[index]
-            run = Run(tokens=[], records=[], prompt_ids=plan.prompt, rule=plan.rule.spec,
-                      draft=pair.source.name if self.drafting else None, gamma=self.gamma, seed=plan.seed,
-                      policy=plan.policy, draft_policy=plan.draft_policy)
-            row = _Row(index, plan, run, list(plan.prompt), started=time.perf_counter(),
+            row = _Row(index, plan, self._new_run(plan), list(plan.prompt), started=time.perf_counter(),
                        key=(plan.rule, plan.policy, plan.draft_policy, plan.record, plan.top_k_record))
             if pair.split is not None:
                 row.target_slot = pair.split.store.attach()
@@ -126,6 +123,12 @@ class RoundProgram:
                     row.draft_slot = pair.draft_stage.store.attach()
             rows.append(row)
         return rows
+
+    def _new_run(self, plan: Any) -> Run:
+        """The ``Run`` a joining row fills."""
+        return Run(tokens=[], records=[], prompt_ids=plan.prompt, rule=plan.rule.spec,
+                   draft=self.pair.source.name if self.drafting else None, gamma=self.gamma, seed=plan.seed,
+                   policy=plan.policy, draft_policy=plan.draft_policy)
 
     def _release(self, row: _Row) -> None:
         pair = self.pair

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from diagnostics.engine.drafting import TargetScorer
 from diagnostics.engine.forward import Block, BlockOutput, Forward, Output
+from diagnostics.engine.tree_rows import steps_rows
 from diagnostics.engine.tree_walk import all_node_steps
 from diagnostics.engine.verify_rows import at_index
 from diagnostics.policy import Policy, probabilities
@@ -63,6 +65,7 @@ class EngineSeams:
     fallback_law: Callable[[Rule, torch.Tensor, torch.Tensor, int], torch.Tensor] = fallback_law
     scorer: type = TargetScorer
     tree_steps: Callable[..., dict] = all_node_steps
+    tree_steps_rows: Callable[..., Any] = steps_rows  # the round program's batched form of ``tree_steps``
     route: Callable[[list[Forward]], list[Forward]] = route
     hand_back: Callable[[list[Forward], list[Output]], list[Output]] = hand_back
 

@@ -1,0 +1,482 @@
+"""A tree round of every row as one tensor program (fixed shapes drafted by a model).
+
+``RoundProgram`` runs chains; this runs trees of a fixed shape (``--tree K1,K2,…`` or sparse choices,
+every children mode) drafted by a draft model or the target's early exit, over every row at once, on
+the batch's static template (``tree_rows.Template``). A round of the ``B`` active rows:
+
+1. **Uniforms** ``U[B, D + 1, X, slot]`` keyed by each row's ``(seed, position + t, slot, sibling)`` in one
+   host call (``rng.tree_round_uniform_array``), copied once.
+2. **Drafting**: one forward of each row's pending tokens (the root's law), then per depth ``d``: the
+   children of every node of depth ``d − 1`` for every row (``tree_rows.top_children`` or sampled draws),
+   which of them exist in each row, and one draft forward of the level under a tree mask (``Block`` with
+   per-row positions and visibility). Template nodes a row does not have are fed too, under the mask,
+   so the loop has no data-dependent exit.
+3. **Verification**: one target forward over every row's pending tokens and all template nodes; then
+   per group of rows sharing a rule and policies: the steps at every node (``seams.tree_steps_rows``),
+   the walk (``tree_rows.walk_rows``), one draw per row, and the record columns of every depth.
+4. **One host copy** of every group's packed buffer; the host builds each row's records (its tree is
+   the template compacted to its nodes, numbered as the per-row drafter numbers them) and keeps each
+   row's accepted path in both caches with one batched move per store (``SlotStore.move_rows``).
+
+The per-row programs (``tree.tree_row``) are the oracle (``tests/test_tree_program.py``). Budget trees,
+n-gram tries and draft heads still run per row.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from diagnostics.engine.drafting import fit_vocabulary
+from diagnostics.engine.forward import Block
+from diagnostics.engine.program import RoundProgram, _Row
+from diagnostics.engine.records import NodeRecord, PositionRecord, RoundRecord
+from diagnostics.engine.tree_attention import TokenTree
+from diagnostics.engine.tree_draft import TreeSpec
+from diagnostics.engine.tree_rows import BONUS, NO_DRAW, REJECTED, Template, WalkRows, _present, reach_rows, \
+    sampled_children, top_children, walk_rows
+from diagnostics.engine.verify_rows import _top, row_chunks
+from diagnostics.metrics import entropy, kl_divergence, overshoot_mass, total_variation
+from diagnostics.policy import probabilities
+from diagnostics.rng import SLOTS, tree_round_uniform_array
+from diagnostics.rules.single import laws_from_engine
+
+DRAFT, ACCEPT, FALLBACK = SLOTS["draft"], SLOTS["accept"], SLOTS["fallback"]
+NODE_FIELDS = ("valid", "token", "q_token", "u_draft", "p_token", "residual", "accept", "coin", "tried", "kept", "reach")
+SLOT_FIELDS = ("entropy_p", "tv_target", "tv_baseline", "kl_target", "allowed_size", "allowed_mass", "p_tail",
+               "tv_pq", "entropy_q", "overshoot", "q_tail")
+
+
+def supports_tree_program(pair: Any, spec: TreeSpec) -> bool:
+    """Whether ``generate_batch`` runs this tree batch as one tensor program: a fixed shape drafted by a
+    model (or the target's early exit) over stages with a batched forward."""
+    if not spec.fixed or pair.source.kind != "model" or pair.split is not None:
+        return False
+    return all(hasattr(stage, "run_block") for stage in (pair.target_stage, pair.draft_stage))
+
+
+class Layout:
+    """Where each value of a row sits in a tree round's packed buffer."""
+
+    def __init__(self, template: Template, top_k: int, record: bool) -> None:
+        self.nodes, self.depth, self.top_k, self.record = template.nodes, template.depth, top_k, record
+        self.header = 6  # accepted, end, token, finished, expected tokens, p of the final token
+        self.path = self.header
+        self.slots = self.path + self.depth
+        self.node = self.slots + self.depth + 1
+        self.slot_scalars = self.node + len(NODE_FIELDS) * self.nodes
+        self.tops = self.slot_scalars + len(SLOT_FIELDS) * (self.depth + 1)
+        self.width = self.tops + 4 * (self.depth + 1) * top_k if record else self.slot_scalars
+
+    def node_field(self, name: str) -> slice:
+        start = self.node + NODE_FIELDS.index(name) * self.nodes
+        return slice(start, start + self.nodes)
+
+    def slot_field(self, name: str) -> slice:
+        start = self.slot_scalars + SLOT_FIELDS.index(name) * (self.depth + 1)
+        return slice(start, start + self.depth + 1)
+
+    def top(self, which: str, level: int) -> tuple[slice, slice]:
+        """``(ids, probs)`` of ``p``'s (``which`` = ``p``) or ``q``'s top-k at depth ``level``'s decision."""
+        start = self.tops + (0 if which == "p" else 2 * (self.depth + 1) * self.top_k) + 2 * level * self.top_k
+        return slice(start, start + self.top_k), slice(start + self.top_k, start + 2 * self.top_k)
+
+
+class TreeProgram(RoundProgram):
+    """Runs every row of a tree batch to its end, one round of all active rows at a time."""
+
+    def __init__(self, pair: Any, plans: list[Any], limit: int, spec: TreeSpec, loaded: Any, where: str) -> None:
+        super().__init__(pair, plans, limit, spec.max_depth, loaded, where)
+        self.spec, self.mode = spec, spec.children
+        self.template = template = Template.of(spec)
+        self.gamma = 0  # a tree run stores no chain length
+        device = self.device
+        self.parents = torch.tensor(template.parents, dtype=torch.long, device=device)
+        self.siblings = torch.tensor(template.sibling, dtype=torch.long, device=device)
+        self.depths = torch.tensor(template.depths, dtype=torch.long, device=device)
+        self.children = template.children_tensor(device) if template.width else None
+        self.ancestors = template.ancestors(device)
+        self.widths = [sum(1 for kid in kids if kid >= 0) for kids in template.children]
+        levels = [template.level(d) for d in range(1, template.depth + 1)]
+        self.spread = max([stop - start for start, stop in levels] + [template.width, 1])
+
+    def _new_run(self, plan: Any):
+        run = super()._new_run(plan)
+        run.tree = self.spec
+        return run
+
+    # -- drafting ----------------------------------------------------------------------------
+
+    def _draft_tree(self, rows: list[_Row], groups: list[tuple[int, int]], uniforms: torch.Tensor,
+                    row_depth: torch.Tensor, prefix: torch.Tensor):
+        """Every row's tree on the template: tokens, validity, ``q`` of each token at its parent, the
+        draft uniform of each sampled node, and the draft laws ``[B, N + 1, V]`` (zeros where not expanded)."""
+        template, device, stage = self.template, self.device, self.pair.draft_stage
+        count, nodes = len(rows), template.nodes
+        feeds = [row.committed[row.draft_cached:] for row in rows]
+        output = self._forward(stage, [row.draft_slot for row in rows], [row.draft_cached for row in rows], feeds, 1)
+        for row, feed in zip(rows, feeds):
+            row.draft_cached += len(feed)
+        q_laws = torch.zeros((count, nodes + 1, self.vocab), dtype=torch.float64, device=device)
+        q_laws[:, 0] = self._draft_laws(fit_vocabulary(output.logits[:, 0], self.vocab), rows, groups)
+        tokens = torch.zeros((count, nodes), dtype=torch.long, device=device)
+        valid = torch.zeros((count, nodes), dtype=torch.bool, device=device)
+        q_token = torch.zeros((count, nodes), dtype=torch.float64, device=device)
+        u_draft = torch.full((count, nodes), float("nan"), dtype=torch.float64, device=device)
+        for depth in range(1, template.depth + 1):
+            start, stop = template.level(depth)
+            if start == stop:
+                break
+            parent_nodes = sorted({template.parents[n] for n in range(start, stop)})
+            where = {parent: index for index, parent in enumerate(parent_nodes)}
+            widest = max(self.widths[parent + 1] for parent in parent_nodes)
+            parent_slots = torch.tensor([parent + 1 for parent in parent_nodes], dtype=torch.long, device=device)
+            at_parent = torch.tensor([where[template.parents[n]] for n in range(start, stop)], dtype=torch.long, device=device)
+            number = self.siblings[start:stop]
+            laws = q_laws[:, parent_slots]  # [B, P, V]
+            level_parents = self.parents[start:stop]
+            parent_ok = level_parents[None, :] < 0
+            if depth > 1:
+                parent_column = level_parents.clamp(min=0)
+                parent_ok = valid[:, parent_column] & ~torch.isin(tokens[:, parent_column], self.eos)
+            exists = parent_ok & (depth <= row_depth[:, None])
+            if self.mode == "top":
+                ids, positive = top_children(laws.reshape(-1, self.vocab), widest)
+                ids, positive = ids.reshape(count, len(parent_nodes), -1), positive.reshape(count, -1)
+                exists = exists & (number[None, :] < positive[:, at_parent])
+            else:
+                if self.mode == "sample-distinct":
+                    exists = exists & (number[None, :] < (laws > 0).sum(-1)[:, at_parent])
+                # A sampled child is the i-th node of its level: its uniform is U[d − 1, i, draft].
+                index = exists.to(torch.int64).cumsum(-1) - 1
+                first = torch.zeros((count, len(parent_nodes)), dtype=torch.long, device=device)
+                first = first.scatter_reduce(1, at_parent[None, :].expand(count, -1),
+                                             torch.where(exists, index, 10**9), "amin", include_self=False)
+                first = torch.where(first >= 10**9, 0, first)
+                columns = (first[..., None] + torch.arange(widest, device=device)).clamp(max=uniforms.shape[2] - 1)
+                level_u = uniforms[:, depth - 1, :, DRAFT].gather(1, columns.reshape(count, -1)).reshape(count, len(parent_nodes), -1)
+                ids, _ = sampled_children(laws.reshape(-1, self.vocab), level_u.reshape(-1, widest),
+                                          self.mode == "sample-distinct")
+                ids = ids.reshape(count, len(parent_nodes), -1)
+                u_draft[:, start:stop] = torch.where(exists, level_u[:, at_parent, number], float("nan"))
+            level_tokens = ids[:, at_parent, number]
+            tokens[:, start:stop] = torch.where(exists, level_tokens, 0)
+            valid[:, start:stop] = exists
+            q_token[:, start:stop] = laws[:, at_parent].gather(-1, level_tokens[..., None]).squeeze(-1)
+            if depth < template.depth:
+                q_laws[:, start + 1 : stop + 1] = self._expand(rows, groups, tokens[:, start:stop], prefix, start, stop,
+                                                              depth) * (depth < row_depth)[:, None, None]
+        return tokens, valid, q_token, u_draft, q_laws
+
+    def _draft_laws(self, logits: torch.Tensor, rows: list[_Row], groups: list[tuple[int, int]]) -> torch.Tensor:
+        laws = [probabilities(logits[lo:hi], rows[lo].plan.draft_policy) for lo, hi in groups]
+        return laws[0] if len(laws) == 1 else torch.cat(laws)
+
+    def _expand(self, rows: list[_Row], groups: list[tuple[int, int]], level_tokens: torch.Tensor, prefix: torch.Tensor,
+                start: int, stop: int, depth: int) -> torch.Tensor:
+        """One draft forward over a level's nodes of every row under the tree mask: their laws ``[B, L, V]``."""
+        size = stop - start
+        starts = [row.draft_cached + start for row in rows]
+        width = max(starts) + size
+        keys = torch.arange(width, device=self.device)
+        relative = keys[None, :] - prefix[:, None]  # [B, K]: the node each key column holds
+        inside = (relative >= 0) & (relative < stop)
+        sees = self.ancestors[start:stop][:, relative.clamp(0, self.template.nodes - 1)]  # [L, B, K]
+        visible = (relative < 0)[:, None, :] | (sees.permute(1, 0, 2) & inside[:, None, :])
+        positions = (prefix - 1 + depth)[:, None].expand(-1, size)
+        output = self._tree_forward(self.pair.draft_stage, [row.draft_slot for row in rows], starts, [size] * len(rows),
+                                    size, level_tokens, positions, visible)
+        return self._draft_laws(fit_vocabulary(output.logits, self.vocab), rows, groups)
+
+    def _tree_forward(self, stage: Any, slots: list[int], starts: list[int], sizes: list[int], keep: int,
+                      tokens: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor):
+        """One batched tree-step forward through the seams (``route`` and ``hand_back`` see the ``Block``)."""
+        block = self.seams.route(Block(stage, slots, starts, sizes, keep, tokens=tokens, positions=positions,
+                                       visible=visible))
+        return self.seams.hand_back(block, stage.run_block(block))
+
+    # -- verification ------------------------------------------------------------------------
+
+    def _verify_logits(self, rows: list[_Row], tokens: torch.Tensor, prefix: torch.Tensor) -> torch.Tensor:
+        """The target's logits ``[B, N + 1, V]``: after each row's committed tokens (the root) and after
+        the path to each template node, in one forward of the pending tokens and every node."""
+        template, device = self.template, self.device
+        nodes = template.nodes
+        pending = [row.committed[row.scorer.cached:] for row in rows]
+        counts = [len(feed) for feed in pending]
+        longest = max(counts)
+        count = longest + nodes
+        feed = torch.tensor([p + [0] * (longest - len(p)) for p in pending], dtype=torch.long, device=device)
+        inputs = self._after_pending(feed, counts, tokens) if nodes else feed
+        starts = [row.scorer.cached for row in rows]
+        width = max(starts) + count
+        cached = torch.tensor(starts, dtype=torch.long, device=device)
+        fresh = torch.tensor(counts, dtype=torch.long, device=device)
+        query = torch.arange(count, device=device)
+        node = query[None, :] - fresh[:, None]  # [B, Q]: the template node of each query (pending: < 0)
+        is_node = (node >= 0) & (node < nodes)
+        node_positions = type(rows[0].scorer).tree_positions(prefix, self.depths)  # [B, N] (a scorer seam)
+        positions = cached[:, None] + query
+        if nodes:
+            positions = torch.where(is_node, node_positions.gather(1, node.clamp(0, nodes - 1)), positions)
+        keys = torch.arange(width, device=device)
+        causal = keys[None, None, :] <= (cached[:, None] + query[None, :])[:, :, None]
+        relative = keys[None, :] - prefix[:, None]
+        inside = (relative >= 0) & (relative < nodes)
+        if nodes:
+            sees = self.ancestors[node.clamp(0, nodes - 1)]  # [B, Q, N]
+            sees = sees.gather(2, relative.clamp(0, nodes - 1)[:, None, :].expand(-1, count, -1))  # [B, Q, K]
+            tree_sees = (relative < 0)[:, None, :] | (sees & inside[:, None, :])
+            visible = torch.where(is_node[..., None], tree_sees, causal)
+        else:
+            visible = causal
+        output = self._tree_forward(self.pair.target_stage, [row.target_slot for row in rows], starts,
+                                    [size + nodes for size in counts], nodes + 1, inputs, positions, visible)
+        for row, size in zip(rows, counts):
+            row.scorer.cached += size + nodes
+        return fit_vocabulary(output.logits, self.vocab)
+
+    # -- one round ---------------------------------------------------------------------------
+
+    def round(self, rows: list[_Row]) -> None:
+        template, device = self.template, self.device
+        groups = self._groups(rows)
+        positions = [len(row.run.tokens) for row in rows]
+        budgets = [row.plan.max_new_tokens - position for row, position in zip(rows, positions)]
+        host_u = tree_round_uniform_array([row.plan.seed for row in rows], positions, template.depth, self.spread)
+        uniforms = torch.from_numpy(host_u).to(device)
+        budget = torch.tensor(budgets, dtype=torch.long, device=device)
+        row_depth = budget.clamp(max=template.depth)
+        prefix = torch.tensor([len(row.committed) for row in rows], dtype=torch.long, device=device)
+        tokens, valid, q_token, u_draft, q_laws = self._draft_tree(rows, groups, uniforms, row_depth, prefix)
+        logits = self._verify_logits(rows, tokens, prefix)
+        buffers, layouts = [], []
+        with laws_from_engine():
+            for group_lo, group_hi in groups:
+                plan = rows[group_lo].plan
+                layout = Layout(template, min(plan.top_k_record, self.vocab), plan.record)
+                layouts.append(layout)
+                for lo, hi in row_chunks(group_lo, group_hi, 4 * (template.nodes + 1) * self.vocab, device):
+                    p_laws = self.seams.target_laws(logits[lo:hi], plan.policy, template.nodes)
+                    buffers.append(self._verify_group(plan.rule, p_laws, q_laws[lo:hi], tokens[lo:hi], valid[lo:hi],
+                                                      q_token[lo:hi], u_draft[lo:hi], uniforms[lo:hi], budget[lo:hi],
+                                                      layout))
+        width = max(buffer.shape[1] for buffer in buffers)
+        if len(buffers) > 1:
+            buffers = [torch.nn.functional.pad(buffer, (0, width - buffer.shape[1])) for buffer in buffers]
+        host = (buffers[0] if len(buffers) == 1 else torch.cat(buffers)).cpu().numpy()
+        moves: dict[str, list] = {"draft": [], "target": []}
+        for (lo, hi), layout in zip(groups, layouts):
+            has_allowed = self._has_allowed(rows[lo].plan.rule)
+            for offset in range(lo, hi):
+                self._commit_tree(rows[offset], host[offset], positions[offset], budgets[offset], layout, has_allowed, moves)
+        self._move(self.pair.draft_stage, moves["draft"])
+        self._move(self.pair.target_stage, moves["target"])
+
+    def _verify_group(self, rule: Any, p_laws: torch.Tensor, q_laws: torch.Tensor, tokens: torch.Tensor,
+                      valid: torch.Tensor, q_token: torch.Tensor, u_draft: torch.Tensor, uniforms: torch.Tensor,
+                      budget: torch.Tensor, layout: Layout) -> torch.Tensor:
+        """The packed buffer ``[G, layout.width]`` of one group's tree round."""
+        template = self.template
+        groups, slots = p_laws.shape[0], template.nodes + 1
+        vocab = p_laws.shape[-1]
+        device = p_laws.device
+        if self.children is not None:
+            children = self.children
+            present = _present(children, valid)
+            child_tokens = torch.where(present, tokens[:, children.clamp(min=0)], 0)
+        else:
+            children = torch.full((slots, 1), -1, dtype=torch.long, device=device)
+            present = torch.zeros((groups, slots, 1), dtype=torch.bool, device=device)
+            child_tokens = torch.zeros((groups, slots, 1), dtype=torch.long, device=device)
+        steps = self.seams.tree_steps_rows(rule, p_laws.reshape(-1, vocab), q_laws.reshape(-1, vocab),
+                                          child_tokens.reshape(groups * slots, -1), present.reshape(groups * slots, -1),
+                                          self.mode)
+        walk = walk_rows(rule, template, steps, p_laws, tokens, valid, uniforms[:, :, :, ACCEPT],
+                         uniforms[:, :, 0, FALLBACK], budget, self.eos)
+        accept = steps.accept.reshape(groups, slots, -1)
+        residual = steps.residual.reshape(groups, slots, -1)
+        parent_slot, number = self.parents + 1, self.siblings
+        rows = torch.arange(groups, device=device)
+        reach = reach_rows(template, accept, valid)
+        nodes = {
+            "valid": valid, "token": tokens, "q_token": q_token, "u_draft": u_draft,
+            "p_token": p_laws[:, parent_slot].gather(-1, tokens[..., None]).squeeze(-1),
+            "residual": residual[:, parent_slot, number], "accept": accept[:, parent_slot, number],
+            "coin": walk.coin, "tried": walk.tried, "kept": walk.kept, "reach": reach,
+        }
+        expected = self._expected(reach, tokens, valid, present, budget)
+        final_p = p_laws[rows, walk.slots.gather(1, walk.accepted[:, None]).squeeze(-1)].gather(
+            -1, walk.token[:, None]).squeeze(-1)
+        header = torch.stack([walk.accepted, walk.end, walk.token, walk.finished.to(torch.long)], dim=-1).to(torch.float64)
+        parts = [header, expected[:, None], final_p[:, None], walk.path.to(torch.float64), walk.slots.to(torch.float64)]
+        parts += [nodes[name].to(torch.float64) for name in NODE_FIELDS]
+        if layout.record:
+            parts += self._slot_columns(rule, p_laws, q_laws, steps.law.reshape(groups, slots, -1), walk, layout)
+        return torch.cat(parts, dim=-1)
+
+    def _expected(self, reach: torch.Tensor, tokens: torch.Tensor, valid: torch.Tensor, present: torch.Tensor,
+                  budget: torch.Tensor) -> torch.Tensor:
+        """``E = Σ_v reach(v) + 1 − Σ_{v ends the round without a draw} reach(v)`` (``tree_walk.expected_tokens``)."""
+        if not self.template.nodes:
+            return torch.ones(reach.shape[0], dtype=torch.float64, device=reach.device)
+        has_children = present[:, 1:].any(-1)
+        silent = valid & (torch.isin(tokens, self.eos) | (~has_children & (self.depths[None, :] >= budget[:, None])))
+        return reach.sum(-1) + 1.0 - torch.where(silent, reach, 0.0).sum(-1)
+
+    def _slot_columns(self, rule: Any, p_laws: torch.Tensor, q_laws: torch.Tensor, laws: torch.Tensor, walk: WalkRows,
+                      layout: Layout) -> list[torch.Tensor]:
+        """The V-wide record scalars and top-k of the decision at every depth: ``p`` and ``q`` of the slot
+        that decided it, and its exact law (the node's, or the bonus law where the round ended on one)."""
+        groups, levels = p_laws.shape[0], walk.slots.shape[1]
+        index = walk.slots[..., None].expand(-1, -1, p_laws.shape[-1])
+        p_rows, q_rows, node_laws = (tensor.gather(1, index) for tensor in (p_laws, q_laws, laws))
+        depth = torch.arange(levels, device=p_laws.device)
+        is_bonus = (depth[None, :] == walk.accepted[:, None]) & (walk.end == BONUS)[:, None]
+        emitted = torch.where(is_bonus[..., None], rule.bonus(p_rows), node_laws)
+        zero = torch.zeros((groups, levels), dtype=torch.float64, device=p_laws.device)
+        allowed = rule.allowed_set(p_rows)
+        p_ids, p_probs, p_tail = _top(p_rows, layout.top_k)
+        q_ids, q_probs, q_tail = _top(q_rows, layout.top_k)
+        tv_target = total_variation(emitted, p_rows)
+        columns = {
+            "entropy_p": entropy(p_rows), "tv_target": tv_target,
+            "tv_baseline": total_variation(emitted, rule.baseline(p_rows)),
+            "kl_target": kl_divergence(emitted, p_rows),
+            "allowed_size": allowed.sum(-1) if allowed is not None else zero,
+            "allowed_mass": (p_rows * allowed).sum(-1) if allowed is not None else zero,
+            "p_tail": p_tail, "tv_pq": total_variation(p_rows, q_rows), "entropy_q": entropy(q_rows),
+            "overshoot": overshoot_mass(p_rows, q_rows), "q_tail": q_tail,
+        }
+        parts = [columns[name].to(torch.float64) for name in SLOT_FIELDS]
+        for ids, probs in ((p_ids, p_probs), (q_ids, q_probs)):
+            parts.append(torch.stack([ids.to(torch.float64), probs.to(torch.float64)], dim=2).reshape(groups, -1))
+        return parts
+
+    # -- the host's part ---------------------------------------------------------------------
+
+    def _commit_tree(self, row: _Row, values: np.ndarray, position: int, budget: int, layout: Layout, has_allowed: bool,
+                     moves: dict[str, list]) -> None:
+        """A row's round on the host: its compact tree, records, tokens, counters and the cache moves."""
+        template, run, plan = self.template, row.run, row.plan
+        accepted, end, final, finished = (int(value) for value in values[:4])
+        expected, final_p = float(values[4]), float(values[5])
+        path = [int(node) for node in values[layout.path : layout.path + accepted]]
+        node = {name: values[layout.node_field(name)] for name in NODE_FIELDS}
+        kept_nodes = [n for n in range(template.nodes) if node["valid"][n] > 0]
+        compact = {n: index for index, n in enumerate(kept_nodes)}
+        tree = TokenTree(parents=tuple(-1 if template.parents[n] < 0 else compact[template.parents[n]] for n in kept_nodes),
+                         tokens=tuple(int(node["token"][n]) for n in kept_nodes))
+        emitted = [int(node["token"][n]) for n in path] + ([final] if end != NO_DRAW else [])
+        kinds = ["accepted"] * accepted + (["rejected" if end == REJECTED else "bonus"] if end != NO_DRAW else [])
+        if plan.record:
+            self._tree_records(row, values, node, kept_nodes, compact, tree, path, emitted, kinds, position, budget,
+                               expected, final_p, layout, has_allowed)
+        run.blocks += 1
+        run.drafted += len(kept_nodes)
+        run.accepted += accepted
+        run.verified += sum(1 for kind in kinds if kind != "bonus")
+        # Both caches keep the prefix, then the accepted path's rows (the draft's only where it fed them).
+        prefix = len(row.committed)
+        rows_kept = row.scorer.path_rows(prefix, tree, [compact[n] for n in path])
+        target_sources = [rows_kept[k] if rows_kept[k] < prefix else prefix + kept_nodes[rows_kept[k] - prefix]
+                          for k in range(prefix, len(rows_kept))]
+        moves["target"].append((row.target_slot, prefix, target_sources))
+        row.scorer.cached = len(rows_kept)
+        fed = [n for n in path if template.depths[n] < min(template.depth, budget)]  # a prefix of the path
+        moves["draft"].append((row.draft_slot, prefix, [prefix + n for n in fed]))
+        row.draft_cached = prefix + len(fed)
+        row.committed.extend(emitted)
+        run.tokens.extend(emitted)
+        if finished:
+            run.stop_reason = "eos"
+
+    def _move(self, stage: Any, moves: list[tuple[int, int, list[int]]]) -> None:
+        """Every row's path rows into place after its prefix, in one batched move on ``stage``'s store."""
+        longest = max((len(sources) for _, _, sources in moves), default=0)
+        if not longest:
+            return
+        slots = torch.tensor([slot for slot, _, _ in moves], dtype=torch.long, device=self.device)
+        targets = [[prefix + k for k in range(longest)] for _, prefix, _ in moves]
+        sources = [sources + target[len(sources):] for (_, _, sources), target in zip(moves, targets)]
+        stage.store.move_rows(slots, torch.tensor(sources, dtype=torch.long, device=self.device),
+                              torch.tensor(targets, dtype=torch.long, device=self.device))
+
+    def _tree_records(self, row: _Row, values: np.ndarray, node: dict, kept_nodes: list[int], compact: dict[int, int],
+                      tree: TokenTree, path: list[int], emitted: list[int], kinds: list[str], position: int, budget: int,
+                      expected: float, final_p: float, layout: Layout, has_allowed: bool) -> None:
+        template, run, plan = self.template, row.run, row.plan
+        depths = tree.depths
+        round_ = RoundRecord(block=run.blocks, position=position, nodes=len(kept_nodes), depth=max(depths, default=0),
+                             expected_tokens=expected, emitted=len(emitted), accepted=len(path))
+        nodes = []
+        for n in kept_nodes:
+            tried = node["tried"][n] > 0
+            decision = "untried" if not tried else ("accepted" if node["kept"][n] > 0 else "refused")
+            u_draft = float(node["u_draft"][n])
+            parent = template.parents[n]
+            nodes.append(NodeRecord(
+                block=run.blocks, node=compact[n], parent=-1 if parent < 0 else compact[parent], depth=template.depths[n],
+                sibling=template.sibling[n], token=int(node["token"][n]), q_token=float(node["q_token"][n]),
+                u_draft=None if u_draft != u_draft else u_draft, p_token=float(node["p_token"][n]),
+                residual=float(node["residual"][n]), accept_prob=float(node["accept"][n]),
+                u_accept=float(node["coin"][n]) if tried else None, decision=decision, reach=float(node["reach"][n]),
+                token_text=self.texts(int(node["token"][n])),
+            ))
+        run.rounds.append(round_)
+        run.nodes.extend(nodes)
+        if plan.on_round is not None:
+            plan.on_round(round_, nodes)
+        slots = [int(slot) for slot in values[layout.slots : layout.slots + template.depth + 1]]
+        for index, (kind, token) in enumerate(zip(kinds, emitted)):
+            record = self._tree_position(row, values, node, compact, slots[index], index, kind, token, position, path,
+                                         final_p, layout, has_allowed)
+            run.records.append(record)
+            if plan.on_record is not None:
+                plan.on_record(record)
+
+    def _tree_position(self, row: _Row, values: np.ndarray, node: dict, compact: dict[int, int], slot: int, index: int,
+                       kind: str, token: int, position: int, path: list[int], final_p: float, layout: Layout,
+                       has_allowed: bool) -> PositionRecord:
+        """The record of the position decided at depth ``index`` (at template slot ``slot``: 0 the root)."""
+        template = self.template
+        column = {name: float(values[layout.slot_field(name)][index]) for name in SLOT_FIELDS}
+        p_ids, p_probs = (values[part] for part in layout.top("p", index))
+        shared: dict[str, Any] = dict(
+            position=position + index, block=row.run.blocks, index_in_block=index, kind=kind, token=token,
+            entropy_p=column["entropy_p"], tv_target=column["tv_target"], tv_baseline=column["tv_baseline"],
+            kl_target=column["kl_target"], p_top_ids=[int(v) for v in p_ids], p_top_probs=[float(v) for v in p_probs],
+            p_tail=column["p_tail"], token_text=self.texts(token), tree_node=-1 if slot == 0 else compact[slot - 1],
+            u_fallback=None,
+        )
+        if has_allowed:
+            shared.update(allowed_size=int(column["allowed_size"]), allowed_mass=column["allowed_mass"])
+        u_final = float(self._u_fallback(row, position, index))
+        if kind == "bonus":
+            return PositionRecord(p_token=final_p, draft_token=None, p_draft=None, q_draft=None, accept_prob=None,
+                                  u_draft=None, u_accept=None, **{**shared, "u_fallback": u_final})
+        children = [kid for kid in template.children[slot] if kid >= 0 and node["valid"][kid] > 0]
+        child = path[index] if kind == "accepted" else children[0]
+        survive = 1.0
+        for kid in children:
+            survive *= 1.0 - float(node["accept"][kid])
+        u_draft = float(node["u_draft"][child])
+        q_ids, q_probs = (values[part] for part in layout.top("q", index))
+        draft_token = int(node["token"][child])
+        return PositionRecord(
+            p_token=float(node["p_token"][child]) if kind == "accepted" else final_p, draft_token=draft_token,
+            p_draft=float(node["p_token"][child]), q_draft=float(node["q_token"][child]),
+            accept_prob=float(node["accept"][child]), u_draft=None if u_draft != u_draft else u_draft,
+            u_accept=float(node["coin"][child]), draft_text=self.texts(draft_token),
+            q_top_ids=[int(v) for v in q_ids], q_top_probs=[float(v) for v in q_probs], q_tail=column["q_tail"],
+            alpha=1.0 - survive, tv_pq=column["tv_pq"], entropy_q=column["entropy_q"], overshoot=column["overshoot"],
+            **{**shared, "u_fallback": u_final if kind == "rejected" else None},
+        )
+
+    @staticmethod
+    def _u_fallback(row: _Row, position: int, index: int) -> float:
+        from diagnostics.rng import uniform_scalar
+
+        return uniform_scalar(row.plan.seed, position + index, "fallback")
