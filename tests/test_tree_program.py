@@ -18,6 +18,7 @@ import torch
 from devices import DEVICE
 from diagnostics.engine import generate_batch
 from diagnostics.engine.tree_draft import _top_children
+from diagnostics.engine.tree_program import TreeProgram
 from diagnostics.engine.tree_rows import top_children
 from diagnostics.models import early_exit_model
 from diagnostics.policy import Policy
@@ -40,7 +41,8 @@ def _models():
 
 MODELS = _models()
 SHAPES = {"2,1 top": ("2,1", "top"), "3,2,1 top": ("3,2,1", "top"), "2,2 sample": ("2,2", "sample"),
-          "3,2 sample-distinct": ("3,2", "sample-distinct"), "sparse top": ("[[0],[1],[0,0],[0,1],[1,0],[0,0,0]]", "top")}
+          "3,2 sample-distinct": ("3,2", "sample-distinct"), "sparse top": ("[[0],[1],[0,0],[0,1],[1,0],[0,0,0]]", "top"),
+          "budget 5, depth 3": ((5, 3), "top"), "budget 3, depth 4": ((3, 4), "top")}
 
 
 def _close(a, b, worst: float) -> float:
@@ -77,19 +79,28 @@ def _same_tree_runs(tensor_runs, row_runs) -> float:
 
 @pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("setup", list(MODELS))
-def test_the_tree_program_gives_what_the_per_row_trees_give(setup: str, shape: str) -> None:
+def test_the_tree_program_gives_what_the_per_row_trees_give(setup: str, shape: str, monkeypatch) -> None:
     target, draft = MODELS[setup]
+    rounds = []  # the tensor side really runs the program
+    original = TreeProgram.round
+    monkeypatch.setattr(TreeProgram, "round", lambda self, rows: (rounds.append(len(rows)), original(self, rows))[1])
     tree, mode = SHAPES[shape]
+    shape_kwargs = dict(tree_budget=tree[0], tree_depth=tree[1]) if isinstance(tree, tuple) else dict(tree=tree, tree_children=mode)
     prompts = [[1, 2, 3, 4, 1, 2, 3], [5, 6], [7], [2, 2, 2, 2], [9, 8, 7, 9, 8]] * 2
     rules = TREE_RULES if mode == "top" else ["lossless"]
-    kwargs = dict(tree=tree, tree_children=mode, max_new_tokens=[3 + index % 8 for index in range(len(prompts))],
+    kwargs = dict(**shape_kwargs, max_new_tokens=[3 + index % 8 for index in range(len(prompts))],
                   policies=[Policy(temperature=0.9, top_k=5) if index % 3 == 0 else Policy() for index in range(len(prompts))],
                   eos_token_id=[VOCAB - 1], batch_size=4, top_k_record=4)
     row_rules = [rules[index % len(rules)] for index in range(len(prompts))]
     seeds = list(range(len(prompts)))
     tensor_runs = generate_batch(target, draft, prompts, row_rules, seeds, core="tensor", **kwargs)
+    assert rounds and max(rounds) > 1
+    count = len(rounds)
     row_runs = generate_batch(target, draft, prompts, row_rules, seeds, core="rows", **kwargs)
+    assert len(rounds) == count
     assert any(run.stop_reason == "eos" for run in row_runs) and any(run.stop_reason == "length" for run in row_runs)
+    if isinstance(tree, tuple):  # the budget binds: some round drafted more nodes than it kept
+        assert any(len({node.depth for node in run.nodes}) > 1 for run in row_runs)
     assert any(node.decision == "refused" for run in row_runs for node in run.nodes)
     assert _same_tree_runs(tensor_runs, row_runs) <= 1e-12
 

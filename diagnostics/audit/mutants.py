@@ -151,7 +151,7 @@ class FlatPositionScorer(TargetScorer):
 
     @staticmethod
     def tree_positions(prefix_lengths, depths):
-        return prefix_lengths[:, None] + torch.arange(depths.shape[0], device=depths.device)[None, :]
+        return prefix_lengths[:, None] + torch.arange(depths.shape[-1], device=depths.device)[None, :]
 
 
 class SiblingRowScorer(TargetScorer):

@@ -115,9 +115,10 @@ class TargetScorer:
 
     @staticmethod
     def tree_positions(prefix_lengths: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
-        """``[B, N]`` rotary positions of every row's tree nodes in the round program: node ``i`` of a row
-        with ``prefix_lengths[b]`` committed tokens sits at ``prefix_lengths[b] − 1 + depths[i]`` (as ``tree_inputs``)."""
-        return prefix_lengths[:, None] - 1 + depths[None, :]
+        """``[B, N]`` rotary positions of every row's tree nodes in the round program: node ``i`` of row ``b``
+        (``prefix_lengths[b]`` committed tokens, ``depths`` ``[B, N]``) sits at ``prefix_lengths[b] − 1 + depths[b, i]``
+        (as ``tree_inputs``)."""
+        return prefix_lengths[:, None] - 1 + depths
 
     @staticmethod
     def path_rows(prefix_length: int, tree: TokenTree, path: list[int]) -> list[int]:

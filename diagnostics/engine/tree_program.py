@@ -1,16 +1,19 @@
-"""A tree round of every row as one tensor program (fixed shapes drafted by a model).
+"""A tree round of every row as one tensor program (trees drafted by a model).
 
-``RoundProgram`` runs chains; this runs trees of a fixed shape (``--tree K1,K2,…`` or sparse choices,
-every children mode) drafted by a draft model or the target's early exit, over every row at once, on
-the batch's static template (``tree_rows.Template``). A round of the ``B`` active rows:
+``RoundProgram`` runs chains; this runs trees (a fixed shape ``--tree K1,K2,…`` or sparse choices with
+every children mode, or a budget ``--tree-budget N --tree-depth D``) drafted by a draft model or the
+target's early exit, over every row at once, on a static template per batch (``tree_rows.Template``;
+a budget tree's template is ``D`` levels of ``N`` slots). A round of the ``B`` active rows:
 
 1. **Uniforms** ``U[B, D + 1, X, slot]`` keyed by each row's ``(seed, position + t, slot, sibling)`` in one
    host call (``rng.tree_round_uniform_array``), copied once.
 2. **Drafting**: one forward of each row's pending tokens (the root's law), then per depth ``d``: the
    children of every node of depth ``d − 1`` for every row (``tree_rows.top_children`` or sampled draws),
-   which of them exist in each row, and one draft forward of the level under a tree mask (``Block`` with
+   which of them exist in each row (a budget tree: the candidates that rank among the ``N`` best paths,
+   then the ``N`` best nodes kept), and one draft forward of the level under a tree mask (``Block`` with
    per-row positions and visibility). Template nodes a row does not have are fed too, under the mask,
-   so the loop has no data-dependent exit.
+   so the loop has no data-dependent exit. Each row's tree is then numbered as its per-row drafter
+   numbers it (``Drafted``: per-row parents and depths).
 3. **Verification**: one target forward over every row's pending tokens and all template nodes; then
    per group of rows sharing a rule and policies: the steps at every node (``seams.tree_steps_rows``),
    the walk (``tree_rows.walk_rows``), one draw per row, and the record columns of every depth.
@@ -18,12 +21,13 @@ the batch's static template (``tree_rows.Template``). A round of the ``B`` activ
    the template compacted to its nodes, numbered as the per-row drafter numbers them) and keeps each
    row's accepted path in both caches with one batched move per store (``SlotStore.move_rows``).
 
-The per-row programs (``tree.tree_row``) are the oracle (``tests/test_tree_program.py``). Budget trees,
-n-gram tries and draft heads still run per row.
+The per-row programs (``tree.tree_row``) are the oracle (``tests/test_tree_program.py``). N-gram tries
+and draft heads still run per row.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,8 +39,8 @@ from diagnostics.engine.program import RoundProgram, _Row
 from diagnostics.engine.records import NodeRecord, PositionRecord, RoundRecord
 from diagnostics.engine.tree_attention import TokenTree
 from diagnostics.engine.tree_draft import TreeSpec
-from diagnostics.engine.tree_rows import BONUS, NO_DRAW, REJECTED, Template, WalkRows, _present, reach_rows, \
-    sampled_children, top_children, walk_rows
+from diagnostics.engine.tree_rows import BONUS, NO_DRAW, REJECTED, Template, WalkRows, ancestors_rows, present_rows, \
+    reach_rows, sampled_children, shape_rows, top_children, walk_rows
 from diagnostics.engine.verify_rows import _top, row_chunks
 from diagnostics.metrics import entropy, kl_divergence, overshoot_mass, total_variation
 from diagnostics.policy import probabilities
@@ -44,7 +48,7 @@ from diagnostics.rng import SLOTS, tree_round_uniform_array
 from diagnostics.rules.single import laws_from_engine
 
 DRAFT, ACCEPT, FALLBACK = SLOTS["draft"], SLOTS["accept"], SLOTS["fallback"]
-NODE_FIELDS = ("valid", "token", "q_token", "u_draft", "p_token", "residual", "accept", "coin", "tried", "kept", "reach")
+NODE_FIELDS = ("valid", "token", "parent", "sibling", "depth", "column", "q_token", "u_draft", "p_token", "residual", "accept", "coin", "tried", "kept", "reach")
 SLOT_FIELDS = ("entropy_p", "tv_target", "tv_baseline", "kl_target", "allowed_size", "allowed_mass", "p_tail",
                "tv_pq", "entropy_q", "overshoot", "q_tail")
 
@@ -52,7 +56,7 @@ SLOT_FIELDS = ("entropy_p", "tv_target", "tv_baseline", "kl_target", "allowed_si
 def supports_tree_program(pair: Any, spec: TreeSpec) -> bool:
     """Whether ``generate_batch`` runs this tree batch as one tensor program: a fixed shape drafted by a
     model (or the target's early exit) over stages with a batched forward."""
-    if not spec.fixed or pair.source.kind != "model" or pair.split is not None:
+    if pair.source.kind != "model" or pair.split is not None:
         return False
     return all(hasattr(stage, "run_block") for stage in (pair.target_stage, pair.draft_stage))
 
@@ -60,8 +64,8 @@ def supports_tree_program(pair: Any, spec: TreeSpec) -> bool:
 class Layout:
     """Where each value of a row sits in a tree round's packed buffer."""
 
-    def __init__(self, template: Template, top_k: int, record: bool) -> None:
-        self.nodes, self.depth, self.top_k, self.record = template.nodes, template.depth, top_k, record
+    def __init__(self, nodes: int, depth: int, top_k: int, record: bool) -> None:
+        self.nodes, self.depth, self.top_k, self.record = nodes, depth, top_k, record
         self.header = 6  # accepted, end, token, finished, expected tokens, p of the final token
         self.path = self.header
         self.slots = self.path + self.depth
@@ -84,23 +88,44 @@ class Layout:
         return slice(start, start + self.top_k), slice(start + self.top_k, start + 2 * self.top_k)
 
 
+@dataclass
+class Drafted:
+    """Every row's tree of one round ``[B, N]``, numbered as the per-row drafter numbers it (with gaps where
+    a row lacks a template node): tokens, which nodes exist, parents (−1: the root), depths, ``q`` of each
+    token at its parent, the draft uniform of a sampled node (nan: a top choice), the draft laws
+    ``[B, N + 1, V]`` (0: the root) and each node's draft cache column after the prefix."""
+
+    tokens: torch.Tensor
+    valid: torch.Tensor
+    parents: torch.Tensor
+    depths: torch.Tensor
+    q_token: torch.Tensor
+    u_draft: torch.Tensor
+    q_laws: torch.Tensor
+    columns: torch.Tensor
+
+
 class TreeProgram(RoundProgram):
     """Runs every row of a tree batch to its end, one round of all active rows at a time."""
 
     def __init__(self, pair: Any, plans: list[Any], limit: int, spec: TreeSpec, loaded: Any, where: str) -> None:
         super().__init__(pair, plans, limit, spec.max_depth, loaded, where)
         self.spec, self.mode = spec, spec.children
-        self.template = template = Template.of(spec)
-        self.gamma = 0  # a tree run stores no chain length
         device = self.device
-        self.parents = torch.tensor(template.parents, dtype=torch.long, device=device)
-        self.siblings = torch.tensor(template.sibling, dtype=torch.long, device=device)
-        self.depths = torch.tensor(template.depths, dtype=torch.long, device=device)
-        self.children = template.children_tensor(device) if template.width else None
-        self.ancestors = template.ancestors(device)
-        self.widths = [sum(1 for kid in kids if kid >= 0) for kids in template.children]
-        levels = [template.level(d) for d in range(1, template.depth + 1)]
-        self.spread = max([stop - start for start, stop in levels] + [template.width, 1])
+        if spec.fixed:
+            self.template = template = Template.of(spec)
+            self.depth, self.nodes, self.width = template.depth, template.nodes, template.width
+            self.parents = torch.tensor(template.parents, dtype=torch.long, device=device)
+            self.siblings = torch.tensor(template.sibling, dtype=torch.long, device=device)
+            self.ancestors = template.ancestors(device)
+            self.widths = [sum(1 for kid in kids if kid >= 0) for kids in template.children]
+            levels = [template.level(d) for d in range(1, template.depth + 1)]
+            self.spread = max([stop - start for start, stop in levels] + [template.width, 1])
+        else:  # a budget tree: D levels of N slots while drafting, then the N best nodes
+            self.budget = int(spec.budget)
+            self.depth, self.nodes, self.width = int(spec.depth), self.budget, self.budget
+            self.spread = self.budget
+        self.gamma = 0  # a tree run stores no chain length
 
     def _new_run(self, plan: Any):
         run = super()._new_run(plan)
@@ -109,18 +134,27 @@ class TreeProgram(RoundProgram):
 
     # -- drafting ----------------------------------------------------------------------------
 
-    def _draft_tree(self, rows: list[_Row], groups: list[tuple[int, int]], uniforms: torch.Tensor,
-                    row_depth: torch.Tensor, prefix: torch.Tensor):
-        """Every row's tree on the template: tokens, validity, ``q`` of each token at its parent, the
-        draft uniform of each sampled node, and the draft laws ``[B, N + 1, V]`` (zeros where not expanded)."""
-        template, device, stage = self.template, self.device, self.pair.draft_stage
-        count, nodes = len(rows), template.nodes
+    def _draft(self, rows: list[_Row], groups: list[tuple[int, int]], uniforms: torch.Tensor, row_depth: torch.Tensor,
+               prefix: torch.Tensor) -> Drafted:
+        """Every row's tree: the root's law from one forward of the pending tokens, then the levels."""
         feeds = [row.committed[row.draft_cached:] for row in rows]
-        output = self._forward(stage, [row.draft_slot for row in rows], [row.draft_cached for row in rows], feeds, 1)
+        output = self._forward(self.pair.draft_stage, [row.draft_slot for row in rows],
+                               [row.draft_cached for row in rows], feeds, 1)
         for row, feed in zip(rows, feeds):
             row.draft_cached += len(feed)
+        root = self._draft_laws(fit_vocabulary(output.logits[:, 0], self.vocab), rows, groups)
+        if self.spec.fixed:
+            return self._draft_fixed(rows, groups, uniforms, row_depth, prefix, root)
+        return self._draft_budget(rows, groups, row_depth, prefix, root)
+
+    def _draft_fixed(self, rows: list[_Row], groups: list[tuple[int, int]], uniforms: torch.Tensor,
+                     row_depth: torch.Tensor, prefix: torch.Tensor, root: torch.Tensor) -> Drafted:
+        """A fixed shape on its template: which nodes each row has, their tokens, ``q`` of each token at its
+        parent, the draft uniform of each sampled node, and the draft laws (zeros where not expanded)."""
+        template, device = self.template, self.device
+        count, nodes = len(rows), template.nodes
         q_laws = torch.zeros((count, nodes + 1, self.vocab), dtype=torch.float64, device=device)
-        q_laws[:, 0] = self._draft_laws(fit_vocabulary(output.logits[:, 0], self.vocab), rows, groups)
+        q_laws[:, 0] = root
         tokens = torch.zeros((count, nodes), dtype=torch.long, device=device)
         valid = torch.zeros((count, nodes), dtype=torch.bool, device=device)
         q_token = torch.zeros((count, nodes), dtype=torch.float64, device=device)
@@ -166,25 +200,114 @@ class TreeProgram(RoundProgram):
             valid[:, start:stop] = exists
             q_token[:, start:stop] = laws[:, at_parent].gather(-1, level_tokens[..., None]).squeeze(-1)
             if depth < template.depth:
+                sees = self.ancestors[start:stop].expand(count, -1, -1)
                 q_laws[:, start + 1 : stop + 1] = self._expand(rows, groups, tokens[:, start:stop], prefix, start, stop,
-                                                              depth) * (depth < row_depth)[:, None, None]
-        return tokens, valid, q_token, u_draft, q_laws
+                                                              depth, sees) * (depth < row_depth)[:, None, None]
+        depths = torch.tensor(template.depths, dtype=torch.long, device=device).expand(count, -1)
+        columns = torch.arange(nodes, device=device).expand(count, -1)
+        return Drafted(tokens, valid, self.parents.expand(count, -1), depths, q_token, u_draft, q_laws, columns)
+
+    def _draft_budget(self, rows: list[_Row], groups: list[tuple[int, int]], row_depth: torch.Tensor,
+                      prefix: torch.Tensor, root: torch.Tensor) -> Drafted:
+        """A budget tree (``tree_draft._grow_budget_level`` and ``finish`` for every row at once): level ``d``'s
+        candidates are the top ``N`` children of every node of level ``d − 1``; a candidate joins if it ranks
+        among the ``N`` best paths so far (by ``−score``, old nodes first, then candidate order); at the end
+        the ``N`` best nodes are kept (by ``−score``, then creation order), numbered in creation order."""
+        device, budget, depth = self.device, self.budget, self.depth
+        count, nodes = len(rows), depth * budget  # the template: D levels of N slots
+        vocab = self.vocab
+        q_laws = torch.zeros((count, nodes + 1, vocab), dtype=torch.float64, device=device)
+        q_laws[:, 0] = root
+        tokens = torch.zeros((count, nodes), dtype=torch.long, device=device)
+        valid = torch.zeros((count, nodes), dtype=torch.bool, device=device)
+        parents = torch.full((count, nodes), -1, dtype=torch.long, device=device)
+        score = torch.zeros((count, nodes), dtype=torch.float64, device=device)
+        q_token = torch.zeros((count, nodes), dtype=torch.float64, device=device)
+        sees = torch.eye(nodes, dtype=torch.bool, device=device).expand(count, nodes, nodes).clone()
+        rows_index = torch.arange(count, device=device)[:, None]
+        for level in range(1, depth + 1):
+            start = (level - 1) * budget
+            if level == 1:
+                frontier = torch.zeros(1, dtype=torch.long, device=device)  # the root's slot
+                frontier_ok = torch.ones((count, 1), dtype=torch.bool, device=device)
+                base = torch.ones((count, 1), dtype=torch.float64, device=device)
+            else:
+                frontier = torch.arange(start - budget, start, device=device) + 1
+                frontier_ok = valid[:, start - budget : start] & ~torch.isin(tokens[:, start - budget : start], self.eos)
+                base = score[:, start - budget : start]
+            laws = q_laws[:, frontier]  # [B, F, V]
+            width = frontier.shape[0]
+            ids, positive = top_children(laws.reshape(-1, vocab), budget)
+            ids, positive = ids.reshape(count, width, -1), positive.reshape(count, width)
+            number = torch.arange(ids.shape[-1], device=device)
+            candidate_ok = frontier_ok[..., None] & (number[None, None, :] < positive[..., None]) & (level <= row_depth)[:, None, None]
+            candidate_q = laws.gather(-1, ids)
+            candidate_score = (base[..., None] * candidate_q).reshape(count, -1)
+            candidate_ok = candidate_ok.reshape(count, -1)
+            # A candidate's rank: old nodes at least as good, then candidates better or as good and earlier.
+            old = (valid[:, None, :start] & (score[:, None, :start] >= candidate_score[..., None])).sum(-1)
+            order = torch.arange(candidate_score.shape[1], device=device)
+            ahead = (candidate_score[:, None, :] > candidate_score[..., None]) | (
+                (candidate_score[:, None, :] == candidate_score[..., None]) & (order[None, None, :] < order[None, :, None]))
+            new = (candidate_ok[:, None, :] & ahead).sum(-1)
+            chosen = candidate_ok & (old + new < budget)
+            place = torch.where(chosen, chosen.to(torch.int64).cumsum(-1) - 1, budget)  # the level slot, in candidate order
+            def put(target: torch.Tensor, values: torch.Tensor) -> None:
+                level_values = torch.zeros((count, budget + 1), dtype=target.dtype, device=device)
+                level_values.scatter_(1, place, values.reshape(count, -1).to(target.dtype))
+                target[:, start : start + budget] = level_values[:, :budget]
+            put(tokens, ids)
+            put(valid, chosen)
+            put(score, candidate_score)
+            put(q_token, candidate_q)
+            parent_node = (frontier - 1)[None, :, None].expand(count, width, ids.shape[-1])
+            put(parents, parent_node)
+            level_parents = parents[:, start : start + budget]
+            inherited = sees[rows_index, level_parents.clamp(min=0)]
+            own = sees[:, start : start + budget]
+            sees[:, start : start + budget] = torch.where((level_parents >= 0)[..., None], own | inherited, own)
+            if level < depth:
+                q_laws[:, start + 1 : start + budget + 1] = self._expand(
+                    rows, groups, tokens[:, start : start + budget], prefix, start, start + budget, level,
+                    sees[:, start : start + budget]) * (level < row_depth)[:, None, None]
+        # The N best nodes (ties: earlier first), in creation order: each row's own numbering.
+        index = torch.arange(nodes, device=device)
+        better = (score[:, None, :] > score[..., None]) | ((score[:, None, :] == score[..., None]) & (index[None, None, :] < index[None, :, None]))
+        rank = (valid[:, None, :] & better).sum(-1)
+        valid = valid & (rank < budget)
+        slot = torch.where(valid, valid.to(torch.int64).cumsum(-1) - 1, budget)
+        compact = torch.full((count, budget + 1), -1, dtype=torch.long, device=device)
+        compact.scatter_(1, slot, index[None, :].expand(count, -1))
+        columns = compact[:, :budget]  # the template node of each kept node (its draft cache column)
+        kept = columns >= 0
+        source = columns.clamp(min=0)
+        renumber = torch.full((count, nodes + 1), -1, dtype=torch.long, device=device)
+        renumber.scatter_(1, torch.where(valid, index, nodes), torch.where(valid, slot, -1))
+        kept_parents = parents.gather(1, source)
+        tree_parents = torch.where(kept_parents >= 0, renumber.gather(1, kept_parents.clamp(min=0)), -1)
+        level_of = (source // budget + 1)
+        tree_laws = torch.cat([q_laws[:, :1], q_laws.gather(1, (source + 1)[..., None].expand(-1, -1, vocab))], dim=1)
+        return Drafted(torch.where(kept, tokens.gather(1, source), 0), kept, torch.where(kept, tree_parents, -1),
+                       level_of, torch.where(kept, q_token.gather(1, source), 0.0),
+                       torch.full((count, budget), float("nan"), dtype=torch.float64, device=device), tree_laws,
+                       torch.where(kept, columns, 0))
 
     def _draft_laws(self, logits: torch.Tensor, rows: list[_Row], groups: list[tuple[int, int]]) -> torch.Tensor:
         laws = [probabilities(logits[lo:hi], rows[lo].plan.draft_policy) for lo, hi in groups]
         return laws[0] if len(laws) == 1 else torch.cat(laws)
 
     def _expand(self, rows: list[_Row], groups: list[tuple[int, int]], level_tokens: torch.Tensor, prefix: torch.Tensor,
-                start: int, stop: int, depth: int) -> torch.Tensor:
-        """One draft forward over a level's nodes of every row under the tree mask: their laws ``[B, L, V]``."""
+                start: int, stop: int, depth: int, sees: torch.Tensor) -> torch.Tensor:
+        """One draft forward over a level's template nodes ``[start, stop)`` of every row under the tree mask
+        (``sees`` ``[B, L, M]``: which template nodes each sees): their laws ``[B, L, V]``."""
         size = stop - start
         starts = [row.draft_cached + start for row in rows]
         width = max(starts) + size
         keys = torch.arange(width, device=self.device)
-        relative = keys[None, :] - prefix[:, None]  # [B, K]: the node each key column holds
+        relative = keys[None, :] - prefix[:, None]  # [B, K]: the template node each key column holds
         inside = (relative >= 0) & (relative < stop)
-        sees = self.ancestors[start:stop][:, relative.clamp(0, self.template.nodes - 1)]  # [L, B, K]
-        visible = (relative < 0)[:, None, :] | (sees.permute(1, 0, 2) & inside[:, None, :])
+        seen = sees.gather(2, relative.clamp(0, sees.shape[-1] - 1)[:, None, :].expand(-1, size, -1))  # [B, L, K]
+        visible = (relative < 0)[:, None, :] | (seen & inside[:, None, :])
         positions = (prefix - 1 + depth)[:, None].expand(-1, size)
         output = self._tree_forward(self.pair.draft_stage, [row.draft_slot for row in rows], starts, [size] * len(rows),
                                     size, level_tokens, positions, visible)
@@ -199,39 +322,34 @@ class TreeProgram(RoundProgram):
 
     # -- verification ------------------------------------------------------------------------
 
-    def _verify_logits(self, rows: list[_Row], tokens: torch.Tensor, prefix: torch.Tensor) -> torch.Tensor:
+    def _verify_logits(self, rows: list[_Row], drafted: Drafted, prefix: torch.Tensor) -> torch.Tensor:
         """The target's logits ``[B, N + 1, V]``: after each row's committed tokens (the root) and after
-        the path to each template node, in one forward of the pending tokens and every node."""
-        template, device = self.template, self.device
-        nodes = template.nodes
+        the path to each node, in one forward of the pending tokens and every node."""
+        device, nodes, tokens = self.device, self.nodes, drafted.tokens
         pending = [row.committed[row.scorer.cached:] for row in rows]
         counts = [len(feed) for feed in pending]
         longest = max(counts)
         count = longest + nodes
         feed = torch.tensor([p + [0] * (longest - len(p)) for p in pending], dtype=torch.long, device=device)
-        inputs = self._after_pending(feed, counts, tokens) if nodes else feed
+        inputs = self._after_pending(feed, counts, tokens)
         starts = [row.scorer.cached for row in rows]
         width = max(starts) + count
         cached = torch.tensor(starts, dtype=torch.long, device=device)
         fresh = torch.tensor(counts, dtype=torch.long, device=device)
         query = torch.arange(count, device=device)
-        node = query[None, :] - fresh[:, None]  # [B, Q]: the template node of each query (pending: < 0)
+        node = query[None, :] - fresh[:, None]  # [B, Q]: the node of each query (pending: < 0)
         is_node = (node >= 0) & (node < nodes)
-        node_positions = type(rows[0].scorer).tree_positions(prefix, self.depths)  # [B, N] (a scorer seam)
-        positions = cached[:, None] + query
-        if nodes:
-            positions = torch.where(is_node, node_positions.gather(1, node.clamp(0, nodes - 1)), positions)
+        node_positions = type(rows[0].scorer).tree_positions(prefix, drafted.depths)  # [B, N] (a scorer seam)
+        positions = torch.where(is_node, node_positions.gather(1, node.clamp(0, nodes - 1)), cached[:, None] + query)
         keys = torch.arange(width, device=device)
         causal = keys[None, None, :] <= (cached[:, None] + query[None, :])[:, :, None]
         relative = keys[None, :] - prefix[:, None]
         inside = (relative >= 0) & (relative < nodes)
-        if nodes:
-            sees = self.ancestors[node.clamp(0, nodes - 1)]  # [B, Q, N]
-            sees = sees.gather(2, relative.clamp(0, nodes - 1)[:, None, :].expand(-1, count, -1))  # [B, Q, K]
-            tree_sees = (relative < 0)[:, None, :] | (sees & inside[:, None, :])
-            visible = torch.where(is_node[..., None], tree_sees, causal)
-        else:
-            visible = causal
+        ancestors = ancestors_rows(drafted.parents, drafted.depths, self.depth)  # [B, N, N]
+        sees = ancestors.gather(1, node.clamp(0, nodes - 1)[..., None].expand(-1, -1, nodes))  # [B, Q, N]
+        sees = sees.gather(2, relative.clamp(0, nodes - 1)[:, None, :].expand(-1, count, -1))  # [B, Q, K]
+        tree_sees = (relative < 0)[:, None, :] | (sees & inside[:, None, :])
+        visible = torch.where(is_node[..., None], tree_sees, causal)
         output = self._tree_forward(self.pair.target_stage, [row.target_slot for row in rows], starts,
                                     [size + nodes for size in counts], nodes + 1, inputs, positions, visible)
         for row, size in zip(rows, counts):
@@ -241,28 +359,27 @@ class TreeProgram(RoundProgram):
     # -- one round ---------------------------------------------------------------------------
 
     def round(self, rows: list[_Row]) -> None:
-        template, device = self.template, self.device
+        device, nodes = self.device, self.nodes
         groups = self._groups(rows)
         positions = [len(row.run.tokens) for row in rows]
         budgets = [row.plan.max_new_tokens - position for row, position in zip(rows, positions)]
-        host_u = tree_round_uniform_array([row.plan.seed for row in rows], positions, template.depth, self.spread)
+        host_u = tree_round_uniform_array([row.plan.seed for row in rows], positions, self.depth, self.spread)
         uniforms = torch.from_numpy(host_u).to(device)
         budget = torch.tensor(budgets, dtype=torch.long, device=device)
-        row_depth = budget.clamp(max=template.depth)
+        row_depth = budget.clamp(max=self.depth)
         prefix = torch.tensor([len(row.committed) for row in rows], dtype=torch.long, device=device)
-        tokens, valid, q_token, u_draft, q_laws = self._draft_tree(rows, groups, uniforms, row_depth, prefix)
-        logits = self._verify_logits(rows, tokens, prefix)
+        drafted = self._draft(rows, groups, uniforms, row_depth, prefix)
+        logits = self._verify_logits(rows, drafted, prefix)
         buffers, layouts = [], []
         with laws_from_engine():
             for group_lo, group_hi in groups:
                 plan = rows[group_lo].plan
-                layout = Layout(template, min(plan.top_k_record, self.vocab), plan.record)
+                layout = Layout(nodes, self.depth, min(plan.top_k_record, self.vocab), plan.record)
                 layouts.append(layout)
-                for lo, hi in row_chunks(group_lo, group_hi, 4 * (template.nodes + 1) * self.vocab, device):
-                    p_laws = self.seams.target_laws(logits[lo:hi], plan.policy, template.nodes)
-                    buffers.append(self._verify_group(plan.rule, p_laws, q_laws[lo:hi], tokens[lo:hi], valid[lo:hi],
-                                                      q_token[lo:hi], u_draft[lo:hi], uniforms[lo:hi], budget[lo:hi],
-                                                      layout))
+                for lo, hi in row_chunks(group_lo, group_hi, 4 * (nodes + 1) * self.vocab, device):
+                    p_laws = self.seams.target_laws(logits[lo:hi], plan.policy, nodes)
+                    part = Drafted(*(getattr(drafted, name)[lo:hi] for name in Drafted.__dataclass_fields__))
+                    buffers.append(self._verify_group(plan.rule, p_laws, part, uniforms[lo:hi], budget[lo:hi], layout))
         width = max(buffer.shape[1] for buffer in buffers)
         if len(buffers) > 1:
             buffers = [torch.nn.functional.pad(buffer, (0, width - buffer.shape[1])) for buffer in buffers]
@@ -275,39 +392,35 @@ class TreeProgram(RoundProgram):
         self._move(self.pair.draft_stage, moves["draft"])
         self._move(self.pair.target_stage, moves["target"])
 
-    def _verify_group(self, rule: Any, p_laws: torch.Tensor, q_laws: torch.Tensor, tokens: torch.Tensor,
-                      valid: torch.Tensor, q_token: torch.Tensor, u_draft: torch.Tensor, uniforms: torch.Tensor,
+    def _verify_group(self, rule: Any, p_laws: torch.Tensor, drafted: Drafted, uniforms: torch.Tensor,
                       budget: torch.Tensor, layout: Layout) -> torch.Tensor:
         """The packed buffer ``[G, layout.width]`` of one group's tree round."""
-        template = self.template
-        groups, slots = p_laws.shape[0], template.nodes + 1
+        groups, slots = p_laws.shape[0], self.nodes + 1
         vocab = p_laws.shape[-1]
         device = p_laws.device
-        if self.children is not None:
-            children = self.children
-            present = _present(children, valid)
-            child_tokens = torch.where(present, tokens[:, children.clamp(min=0)], 0)
-        else:
-            children = torch.full((slots, 1), -1, dtype=torch.long, device=device)
-            present = torch.zeros((groups, slots, 1), dtype=torch.bool, device=device)
-            child_tokens = torch.zeros((groups, slots, 1), dtype=torch.long, device=device)
+        tokens, valid, q_laws = drafted.tokens, drafted.valid, drafted.q_laws
+        children, sibling = shape_rows(drafted.parents, valid, max(1, self.width))
+        present = present_rows(children, valid)
+        child_tokens = torch.where(present, tokens.gather(1, children.clamp(min=0).reshape(groups, -1)).reshape(children.shape), 0)
         steps = self.seams.tree_steps_rows(rule, p_laws.reshape(-1, vocab), q_laws.reshape(-1, vocab),
                                           child_tokens.reshape(groups * slots, -1), present.reshape(groups * slots, -1),
                                           self.mode)
-        walk = walk_rows(rule, template, steps, p_laws, tokens, valid, uniforms[:, :, :, ACCEPT],
+        walk = walk_rows(rule, self.depth, children, present, steps, p_laws, tokens, uniforms[:, :, :, ACCEPT],
                          uniforms[:, :, 0, FALLBACK], budget, self.eos)
         accept = steps.accept.reshape(groups, slots, -1)
         residual = steps.residual.reshape(groups, slots, -1)
-        parent_slot, number = self.parents + 1, self.siblings
+        parent_slot = (drafted.parents + 1).clamp(min=0)
         rows = torch.arange(groups, device=device)
-        reach = reach_rows(template, accept, valid)
+        reach = reach_rows(accept, drafted.parents, sibling, drafted.depths, valid, self.depth)
+        parent_laws = p_laws.gather(1, parent_slot[..., None].expand(-1, -1, vocab))
         nodes = {
-            "valid": valid, "token": tokens, "q_token": q_token, "u_draft": u_draft,
-            "p_token": p_laws[:, parent_slot].gather(-1, tokens[..., None]).squeeze(-1),
-            "residual": residual[:, parent_slot, number], "accept": accept[:, parent_slot, number],
+            "valid": valid, "token": tokens, "parent": drafted.parents, "sibling": sibling, "depth": drafted.depths,
+            "column": drafted.columns, "q_token": drafted.q_token, "u_draft": drafted.u_draft,
+            "p_token": parent_laws.gather(-1, tokens[..., None]).squeeze(-1),
+            "residual": residual[rows[:, None], parent_slot, sibling], "accept": accept[rows[:, None], parent_slot, sibling],
             "coin": walk.coin, "tried": walk.tried, "kept": walk.kept, "reach": reach,
         }
-        expected = self._expected(reach, tokens, valid, present, budget)
+        expected = self._expected(reach, tokens, valid, present, budget, drafted.depths)
         final_p = p_laws[rows, walk.slots.gather(1, walk.accepted[:, None]).squeeze(-1)].gather(
             -1, walk.token[:, None]).squeeze(-1)
         header = torch.stack([walk.accepted, walk.end, walk.token, walk.finished.to(torch.long)], dim=-1).to(torch.float64)
@@ -318,12 +431,10 @@ class TreeProgram(RoundProgram):
         return torch.cat(parts, dim=-1)
 
     def _expected(self, reach: torch.Tensor, tokens: torch.Tensor, valid: torch.Tensor, present: torch.Tensor,
-                  budget: torch.Tensor) -> torch.Tensor:
+                  budget: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
         """``E = Σ_v reach(v) + 1 − Σ_{v ends the round without a draw} reach(v)`` (``tree_walk.expected_tokens``)."""
-        if not self.template.nodes:
-            return torch.ones(reach.shape[0], dtype=torch.float64, device=reach.device)
         has_children = present[:, 1:].any(-1)
-        silent = valid & (torch.isin(tokens, self.eos) | (~has_children & (self.depths[None, :] >= budget[:, None])))
+        silent = valid & (torch.isin(tokens, self.eos) | (~has_children & (depths >= budget[:, None])))
         return reach.sum(-1) + 1.0 - torch.where(silent, reach, 0.0).sum(-1)
 
     def _slot_columns(self, rule: Any, p_laws: torch.Tensor, q_laws: torch.Tensor, laws: torch.Tensor, walk: WalkRows,
@@ -360,14 +471,15 @@ class TreeProgram(RoundProgram):
     def _commit_tree(self, row: _Row, values: np.ndarray, position: int, budget: int, layout: Layout, has_allowed: bool,
                      moves: dict[str, list]) -> None:
         """A row's round on the host: its compact tree, records, tokens, counters and the cache moves."""
-        template, run, plan = self.template, row.run, row.plan
+        run, plan = row.run, row.plan
         accepted, end, final, finished = (int(value) for value in values[:4])
         expected, final_p = float(values[4]), float(values[5])
         path = [int(node) for node in values[layout.path : layout.path + accepted]]
         node = {name: values[layout.node_field(name)] for name in NODE_FIELDS}
-        kept_nodes = [n for n in range(template.nodes) if node["valid"][n] > 0]
+        parents = [int(parent) for parent in node["parent"]]
+        kept_nodes = [n for n in range(self.nodes) if node["valid"][n] > 0]
         compact = {n: index for index, n in enumerate(kept_nodes)}
-        tree = TokenTree(parents=tuple(-1 if template.parents[n] < 0 else compact[template.parents[n]] for n in kept_nodes),
+        tree = TokenTree(parents=tuple(-1 if parents[n] < 0 else compact[parents[n]] for n in kept_nodes),
                          tokens=tuple(int(node["token"][n]) for n in kept_nodes))
         emitted = [int(node["token"][n]) for n in path] + ([final] if end != NO_DRAW else [])
         kinds = ["accepted"] * accepted + (["rejected" if end == REJECTED else "bonus"] if end != NO_DRAW else [])
@@ -385,8 +497,8 @@ class TreeProgram(RoundProgram):
                           for k in range(prefix, len(rows_kept))]
         moves["target"].append((row.target_slot, prefix, target_sources))
         row.scorer.cached = len(rows_kept)
-        fed = [n for n in path if template.depths[n] < min(template.depth, budget)]  # a prefix of the path
-        moves["draft"].append((row.draft_slot, prefix, [prefix + n for n in fed]))
+        fed = [n for n in path if node["depth"][n] < min(self.depth, budget)]  # a prefix of the path
+        moves["draft"].append((row.draft_slot, prefix, [prefix + int(node["column"][n]) for n in fed]))
         row.draft_cached = prefix + len(fed)
         row.committed.extend(emitted)
         run.tokens.extend(emitted)
@@ -407,7 +519,7 @@ class TreeProgram(RoundProgram):
     def _tree_records(self, row: _Row, values: np.ndarray, node: dict, kept_nodes: list[int], compact: dict[int, int],
                       tree: TokenTree, path: list[int], emitted: list[int], kinds: list[str], position: int, budget: int,
                       expected: float, final_p: float, layout: Layout, has_allowed: bool) -> None:
-        template, run, plan = self.template, row.run, row.plan
+        run, plan = row.run, row.plan
         depths = tree.depths
         round_ = RoundRecord(block=run.blocks, position=position, nodes=len(kept_nodes), depth=max(depths, default=0),
                              expected_tokens=expected, emitted=len(emitted), accepted=len(path))
@@ -416,10 +528,10 @@ class TreeProgram(RoundProgram):
             tried = node["tried"][n] > 0
             decision = "untried" if not tried else ("accepted" if node["kept"][n] > 0 else "refused")
             u_draft = float(node["u_draft"][n])
-            parent = template.parents[n]
+            parent = int(node["parent"][n])
             nodes.append(NodeRecord(
-                block=run.blocks, node=compact[n], parent=-1 if parent < 0 else compact[parent], depth=template.depths[n],
-                sibling=template.sibling[n], token=int(node["token"][n]), q_token=float(node["q_token"][n]),
+                block=run.blocks, node=compact[n], parent=-1 if parent < 0 else compact[parent], depth=int(node["depth"][n]),
+                sibling=int(node["sibling"][n]), token=int(node["token"][n]), q_token=float(node["q_token"][n]),
                 u_draft=None if u_draft != u_draft else u_draft, p_token=float(node["p_token"][n]),
                 residual=float(node["residual"][n]), accept_prob=float(node["accept"][n]),
                 u_accept=float(node["coin"][n]) if tried else None, decision=decision, reach=float(node["reach"][n]),
@@ -429,7 +541,7 @@ class TreeProgram(RoundProgram):
         run.nodes.extend(nodes)
         if plan.on_round is not None:
             plan.on_round(round_, nodes)
-        slots = [int(slot) for slot in values[layout.slots : layout.slots + template.depth + 1]]
+        slots = [int(slot) for slot in values[layout.slots : layout.slots + self.depth + 1]]
         for index, (kind, token) in enumerate(zip(kinds, emitted)):
             record = self._tree_position(row, values, node, compact, slots[index], index, kind, token, position, path,
                                          final_p, layout, has_allowed)
@@ -440,8 +552,7 @@ class TreeProgram(RoundProgram):
     def _tree_position(self, row: _Row, values: np.ndarray, node: dict, compact: dict[int, int], slot: int, index: int,
                        kind: str, token: int, position: int, path: list[int], final_p: float, layout: Layout,
                        has_allowed: bool) -> PositionRecord:
-        """The record of the position decided at depth ``index`` (at template slot ``slot``: 0 the root)."""
-        template = self.template
+        """The record of the position decided at depth ``index`` (at parent slot ``slot``: 0 the root)."""
         column = {name: float(values[layout.slot_field(name)][index]) for name in SLOT_FIELDS}
         p_ids, p_probs = (values[part] for part in layout.top("p", index))
         shared: dict[str, Any] = dict(
@@ -457,7 +568,7 @@ class TreeProgram(RoundProgram):
         if kind == "bonus":
             return PositionRecord(p_token=final_p, draft_token=None, p_draft=None, q_draft=None, accept_prob=None,
                                   u_draft=None, u_accept=None, **{**shared, "u_fallback": u_final})
-        children = [kid for kid in template.children[slot] if kid >= 0 and node["valid"][kid] > 0]
+        children = [kid for kid in range(self.nodes) if node["valid"][kid] > 0 and int(node["parent"][kid]) == slot - 1]
         child = path[index] if kind == "accepted" else children[0]
         survive = 1.0
         for kid in children:

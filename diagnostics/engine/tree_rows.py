@@ -217,9 +217,38 @@ def unzeroed_steps_rows(rule: Rule, p_nodes: torch.Tensor, q_nodes: torch.Tensor
     return Steps(accept, accept.clone(), p_nodes, law + survive[:, None] * p_nodes)
 
 
+def shape_rows(parents: torch.Tensor, valid: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's children table ``[G, N + 1, W]`` (the nodes under each parent slot, in node order, −1
+    after) and each node's child number ``[G, N]``, from ``parents`` ``[G, N]`` (−1: the root) and ``valid``."""
+    groups, nodes = parents.shape
+    device = parents.device
+    slot = parents + 1
+    member = (slot[:, None, :] == torch.arange(nodes + 1, device=device)[None, :, None]) & valid[:, None, :]
+    rank = member.to(torch.int64).cumsum(-1) - 1  # [G, S, N]: a node's rank among its slot's children
+    sibling = rank.gather(1, slot.clamp(0, nodes)[:, None, :]).squeeze(1)
+    children = torch.full((groups, nodes + 1, width + 1), -1, dtype=torch.long, device=device)
+    index = torch.where(member, rank.clamp(max=width), width)
+    children.scatter_(2, index, torch.arange(nodes, device=device)[None, None, :].expand(groups, nodes + 1, -1))
+    children[..., width] = -1
+    return children[..., :width], torch.where(valid, sibling, 0)
+
+
+def ancestors_rows(parents: torch.Tensor, depths: torch.Tensor, depth: int) -> torch.Tensor:
+    """``[G, N, N]`` bool: node ``i`` of each row sees node ``j`` iff ``j`` is ``i`` or one of its
+    ancestors (``parents`` and ``depths`` ``[G, N]``; a parent is one level up)."""
+    groups, nodes = parents.shape
+    device = parents.device
+    sees = torch.eye(nodes, dtype=torch.bool, device=device).expand(groups, nodes, nodes).clone()
+    rows = torch.arange(groups, device=device)[:, None]
+    for level in range(2, depth + 1):
+        inherited = sees[rows, parents.clamp(min=0)]  # [G, N, N]: each node's parent's row
+        sees = torch.where((depths == level)[..., None], sees | inherited, sees)
+    return sees
+
+
 @dataclass
 class WalkRows:
-    """The walk of ``G`` rows: ``path`` ``[G, D]`` (template nodes accepted at depths 1…, −1 after),
+    """The walk of ``G`` rows: ``path`` ``[G, D]`` (nodes accepted at depths 1…, −1 after),
     ``accepted`` ``[G]``, ``end`` ``[G]`` (``NO_DRAW``, ``REJECTED`` or ``BONUS``), ``token`` ``[G]`` (the
     final draw), ``finished`` ``[G]`` (an EOS ended the round), ``tried`` and ``kept`` ``[G, N]`` and the coin
     of every tried node ``coin`` ``[G, N]``; ``slots`` ``[G, D + 1]``: the parent slot deciding each depth."""
@@ -238,21 +267,17 @@ class WalkRows:
 NO_DRAW, REJECTED, BONUS = 0, 1, 2
 
 
-def walk_rows(rule: Rule, template: Template, steps: Steps, p_laws: torch.Tensor, tokens: torch.Tensor,
-              valid: torch.Tensor, u_accept: torch.Tensor, u_fallback: torch.Tensor, budget: torch.Tensor,
-              eos: torch.Tensor) -> WalkRows:
+def walk_rows(rule: Rule, depth: int, children: torch.Tensor, present: torch.Tensor, steps: Steps,
+              p_laws: torch.Tensor, tokens: torch.Tensor, u_accept: torch.Tensor, u_fallback: torch.Tensor,
+              budget: torch.Tensor, eos: torch.Tensor) -> WalkRows:
     """``tree_walk.walk`` of every row as a fixed loop over the depths (see the module docstring).
 
-    ``steps`` is over ``[G·(N + 1)]`` parent slots; ``p_laws`` ``[G, N + 1, V]``; ``tokens`` and ``valid``
-    ``[G, N]``; ``u_accept`` ``[G, D + 1, W]`` and ``u_fallback`` ``[G, D + 1]``; ``budget`` ``[G]``."""
-    groups, slots_count = p_laws.shape[0], template.nodes + 1
+    ``children`` and ``present`` ``[G, N + 1, W]``; ``steps`` over ``[G·(N + 1)]`` parent slots; ``p_laws``
+    ``[G, N + 1, V]``; ``tokens`` ``[G, N]``; ``u_accept`` ``[G, D + 1, ≥ W]``, ``u_fallback`` ``[G, D + 1]``."""
+    groups, slots_count, width = children.shape
+    nodes = slots_count - 1
     device = p_laws.device
-    depth, width = template.depth, max(1, template.width)
-    children = template.children_tensor(device) if template.width else torch.full((slots_count, 1), -1, device=device)
-    present = _present(children, valid)  # [G, N + 1, W]
-    accept = steps.accept.reshape(groups, slots_count, -1)
-    if accept.shape[-1] == 0:
-        accept = torch.zeros((groups, slots_count, 1), dtype=torch.float64, device=device)
+    accept = steps.accept.reshape(groups, slots_count, width)
     rows = torch.arange(groups, device=device)
     sibling = torch.arange(width, device=device)
     current = torch.zeros(groups, dtype=torch.long, device=device)  # parent slot: 0 the root, n + 1 node n
@@ -262,12 +287,12 @@ def walk_rows(rule: Rule, template: Template, steps: Steps, p_laws: torch.Tensor
     end_slot = torch.zeros(groups, dtype=torch.long, device=device)
     end_depth = torch.zeros(groups, dtype=torch.long, device=device)
     finished = torch.zeros(groups, dtype=torch.bool, device=device)
-    tried = torch.zeros((groups, template.nodes + 1), dtype=torch.bool, device=device)  # column N: a sink
+    tried = torch.zeros((groups, nodes + 1), dtype=torch.bool, device=device)  # column N: a sink
     kept = torch.zeros_like(tried)
-    coin = torch.zeros((groups, template.nodes + 1), dtype=torch.float64, device=device)
+    coin = torch.zeros((groups, nodes + 1), dtype=torch.float64, device=device)
     decided = torch.zeros((groups, depth + 1), dtype=torch.long, device=device)
     for level in range(depth + 1):
-        here_children = children[current]  # [G, W]
+        here_children = children[rows, current]  # [G, W]
         here_present = present[rows, current]
         coins = u_accept[:, level, :width]
         hit = (coins < accept[rows, current]) & here_present
@@ -277,12 +302,12 @@ def walk_rows(rule: Rule, template: Template, steps: Steps, p_laws: torch.Tensor
         decided[:, level] = current
         # Siblings tried: up to the kept one, or every present one when all were refused.
         tried_now = here_present & (sibling[None, :] <= torch.where(any_hit, first, width)[:, None]) & alive[:, None]
-        columns = torch.where(tried_now, here_children, template.nodes)
+        columns = torch.where(tried_now, here_children, nodes)
         tried[rows[:, None], columns] = True
         coin[rows[:, None], columns] = torch.where(tried_now, coins, 0.0)
         child = here_children.gather(-1, first[:, None]).squeeze(-1)
         accepted_now = alive & any_hit
-        kept[rows, torch.where(accepted_now, child, template.nodes)] = True
+        kept[rows, torch.where(accepted_now, child, nodes)] = True
         refused_now = alive & ~leaf & ~any_hit
         leaf_now = alive & leaf
         bonus_now = leaf_now & (level < budget)
@@ -292,12 +317,12 @@ def walk_rows(rule: Rule, template: Template, steps: Steps, p_laws: torch.Tensor
         end_depth = torch.where(ends_here, level, end_depth)
         if level < depth:
             path[:, level] = torch.where(accepted_now, child, -1)
-        child_token = tokens.gather(-1, child.clamp(min=0)[:, None]).squeeze(-1)
+        child_token = tokens.gather(-1, child.clamp(min=0)[:, None]).squeeze(-1) if nodes else child
         eos_child = accepted_now & torch.isin(child_token, eos)
         finished = finished | eos_child
         alive = accepted_now & ~eos_child
         current = torch.where(accepted_now, child + 1, current)
-    accepted = (path >= 0).sum(-1) if depth else torch.zeros(groups, dtype=torch.long, device=device)
+    accepted = (path[:, :depth] >= 0).sum(-1)
     law = torch.where((end == REJECTED)[:, None], steps.rest.reshape(groups, slots_count, -1)[rows, end_slot],
                       rule.bonus(p_laws[rows, end_slot]))
     token = draw_rows(law, u_fallback.gather(-1, end_depth[:, None]).squeeze(-1))
@@ -305,30 +330,24 @@ def walk_rows(rule: Rule, template: Template, steps: Steps, p_laws: torch.Tensor
     return WalkRows(path[:, :depth], accepted, end, token, finished, tried[:, :-1], kept[:, :-1], coin[:, :-1], decided)
 
 
-def _present(children: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """``[G, N + 1, W]``: whether each template child of each parent slot exists in each row."""
+def present_rows(children: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``[G, N + 1, W]``: whether each child entry of each parent slot is a node of the row."""
     padded = torch.nn.functional.pad(valid, (0, 1))  # column N: the −1 padding, never present
-    return padded[:, children.clamp(min=-1) % (valid.shape[1] + 1)] & (children >= 0)
+    index = torch.where(children >= 0, children, valid.shape[1])
+    return padded.gather(1, index.reshape(index.shape[0], -1)).reshape(children.shape)
 
 
-def reach_rows(template: Template, accept: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+def reach_rows(accept: torch.Tensor, parents: torch.Tensor, sibling: torch.Tensor, depths: torch.Tensor,
+               valid: torch.Tensor, depth: int) -> torch.Tensor:
     """``reach(v)`` ``[G, N]``: ``reach(parent)·Π_{i<j}(1 − a_i)·a_j`` (``tree_walk.reach_probabilities``);
-    ``accept`` ``[G, N + 1, W]``."""
-    groups = valid.shape[0]
-    device = accept.device
+    ``accept`` ``[G, N + 1, W]``, the rest ``[G, N]``."""
     survive = torch.cumprod(torch.nn.functional.pad(1.0 - accept, (1, 0), value=1.0), dim=-1)[..., :-1]
-    parents = torch.tensor(template.parents, dtype=torch.long, device=device)
-    siblings = torch.tensor(template.sibling, dtype=torch.long, device=device)
-    slot = parents + 1
-    reach = torch.zeros((groups, template.nodes), dtype=torch.float64, device=device)
-    base = torch.ones((groups, template.nodes), dtype=torch.float64, device=device)
-    for level in range(1, template.depth + 1):
-        start, stop = template.level(level)
-        if start == stop:
-            break
-        level_parents = parents[start:stop]
-        if level > 1:
-            base[:, start:stop] = reach[:, level_parents]
-        here, number = slot[start:stop], siblings[start:stop]
-        reach[:, start:stop] = base[:, start:stop] * survive[:, here, number] * accept[:, here, number]
+    slot = (parents + 1).clamp(min=0)
+    number = sibling.clamp(min=0, max=max(0, accept.shape[-1] - 1))
+    rows = torch.arange(accept.shape[0], device=accept.device)[:, None]
+    before, own = survive[rows, slot, number], accept[rows, slot, number]
+    reach = torch.zeros(valid.shape, dtype=torch.float64, device=accept.device)
+    for level in range(1, depth + 1):
+        base = torch.ones_like(reach) if level == 1 else reach.gather(1, parents.clamp(min=0))
+        reach = torch.where(depths == level, base * before * own, reach)
     return torch.where(valid, reach, 0.0)
