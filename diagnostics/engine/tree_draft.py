@@ -421,6 +421,18 @@ def ngram_tree(context: list[int], n: int, spec: TreeSpec, vocab: int, eos: set[
     """Prompt lookup as a tree: the continuations after earlier occurrences of the context's last
     ``n``-gram (then shorter ones), latest first, merged into a trie within the shape. Every choice
     is deterministic (``q`` a point mass per candidate)."""
+    tree = ngram_trie(context, n, spec, eos)
+    q_laws = torch.zeros(len(tree.tokens) + 1, vocab, dtype=torch.float64, device=device)
+    for node, parent in reversed(list(enumerate(tree.parents))):
+        q_laws[parent + 1] = 0.0
+        q_laws[parent + 1, tree.tokens[node]] = 1.0  # ends on the first child: q = δ of the top candidate
+    count = len(tree.tokens)
+    return DraftTree(tree=tree, q_laws=q_laws, q_token=[1.0] * count, u_draft=[None] * count, cache_rows=[None] * count)
+
+
+def ngram_trie(context: list[int], n: int, spec: TreeSpec, eos: set[int]) -> TokenTree:
+    """The trie of ``ngram_tree``, on the host: its nodes breadth-first, each node's children in the order
+    their continuations were found (the first is the node's point-mass ``q``)."""
     parents: list[int] = []
     tokens: list[int] = []
     depths: list[int] = []
@@ -457,11 +469,5 @@ def ngram_tree(context: list[int], n: int, spec: TreeSpec, vocab: int, eos: set[
     # Renumber breadth-first, keeping each node's children in the order they were found.
     order = sorted(range(len(tokens)), key=lambda node: (depths[node], node))
     new_index = {old: new for new, old in enumerate(order)}
-    tree = TokenTree(parents=tuple(-1 if parents[old] < 0 else new_index[parents[old]] for old in order),
+    return TokenTree(parents=tuple(-1 if parents[old] < 0 else new_index[parents[old]] for old in order),
                      tokens=tuple(tokens[old] for old in order))
-    q_laws = torch.zeros(len(order) + 1, vocab, dtype=torch.float64, device=device)
-    for node, parent in reversed(list(enumerate(tree.parents))):
-        q_laws[parent + 1] = 0.0
-        q_laws[parent + 1, tree.tokens[node]] = 1.0  # ends on the first child: q = δ of the top candidate
-    return DraftTree(tree=tree, q_laws=q_laws, q_token=[1.0] * len(order), u_draft=[None] * len(order),
-                     cache_rows=[None] * len(order))

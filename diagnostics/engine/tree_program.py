@@ -38,7 +38,7 @@ from diagnostics.engine.forward import Block
 from diagnostics.engine.program import RoundProgram, _Row
 from diagnostics.engine.records import NodeRecord, PositionRecord, RoundRecord
 from diagnostics.engine.tree_attention import TokenTree
-from diagnostics.engine.tree_draft import TreeSpec
+from diagnostics.engine.tree_draft import TreeSpec, ngram_trie
 from diagnostics.engine.tree_rows import BONUS, NO_DRAW, REJECTED, Template, WalkRows, ancestors_rows, present_rows, \
     reach_rows, sampled_children, shape_rows, top_children, walk_rows
 from diagnostics.engine.verify_rows import _top, row_chunks
@@ -56,9 +56,10 @@ SLOT_FIELDS = ("entropy_p", "tv_target", "tv_baseline", "kl_target", "allowed_si
 def supports_tree_program(pair: Any, spec: TreeSpec) -> bool:
     """Whether ``generate_batch`` runs this tree batch as one tensor program: a fixed shape drafted by a
     model (or the target's early exit) over stages with a batched forward."""
-    if pair.source.kind != "model" or pair.split is not None:
+    if pair.source.kind not in ("model", "ngram") or pair.split is not None:
         return False
-    return all(hasattr(stage, "run_block") for stage in (pair.target_stage, pair.draft_stage))
+    stages = [pair.target_stage] + ([pair.draft_stage] if pair.source.kind == "model" else [])
+    return all(hasattr(stage, "run_block") for stage in stages)
 
 
 class Layout:
@@ -112,7 +113,7 @@ class TreeProgram(RoundProgram):
         super().__init__(pair, plans, limit, spec.max_depth, loaded, where)
         self.spec, self.mode = spec, spec.children
         device = self.device
-        if spec.fixed:
+        if spec.fixed and self.lookup is None:
             self.template = template = Template.of(spec)
             self.depth, self.nodes, self.width = template.depth, template.nodes, template.width
             self.parents = torch.tensor(template.parents, dtype=torch.long, device=device)
@@ -121,6 +122,9 @@ class TreeProgram(RoundProgram):
             self.widths = [sum(1 for kid in kids if kid >= 0) for kids in template.children]
             levels = [template.level(d) for d in range(1, template.depth + 1)]
             self.spread = max([stop - start for start, stop in levels] + [template.width, 1])
+        elif self.lookup is not None:  # prompt-lookup tries: at most the shape's nodes
+            self.depth, self.nodes, self.width = spec.max_depth, spec.max_nodes, spec.max_nodes
+            self.spread = max(1, spec.max_nodes)
         else:  # a budget tree: D levels of N slots while drafting, then the N best nodes
             self.budget = int(spec.budget)
             self.depth, self.nodes, self.width = int(spec.depth), self.budget, self.budget
@@ -136,7 +140,10 @@ class TreeProgram(RoundProgram):
 
     def _draft(self, rows: list[_Row], groups: list[tuple[int, int]], uniforms: torch.Tensor, row_depth: torch.Tensor,
                prefix: torch.Tensor) -> Drafted:
-        """Every row's tree: the root's law from one forward of the pending tokens, then the levels."""
+        """Every row's tree: the root's law from one forward of the pending tokens, then the levels (a
+        prompt-lookup trie: found on the host, no forward)."""
+        if self.lookup is not None:
+            return self._lookup_trees(rows, row_depth)
         feeds = [row.committed[row.draft_cached:] for row in rows]
         output = self._forward(self.pair.draft_stage, [row.draft_slot for row in rows],
                                [row.draft_cached for row in rows], feeds, 1)
@@ -292,6 +299,29 @@ class TreeProgram(RoundProgram):
                        torch.full((count, budget), float("nan"), dtype=torch.float64, device=device), tree_laws,
                        torch.where(kept, columns, 0))
 
+    def _lookup_trees(self, rows: list[_Row], row_depth: torch.Tensor) -> Drafted:
+        """Each row's prompt-lookup trie (``tree_draft.ngram_trie``, host lists) laid out ``[B, N]`` in one copy;
+        ``q`` at each parent is the point mass of its first child (``tree_draft.ngram_tree``)."""
+        device, nodes, count = self.device, self.nodes, len(rows)
+        table = np.zeros((4, count, nodes), dtype=np.int64)  # tokens, parents, depths, valid
+        first = np.full((count, nodes + 1), -1, dtype=np.int64)
+        for index, row in enumerate(rows):
+            spec = self.spec.limited(min(self.depth, row.plan.max_new_tokens - len(row.run.tokens)))
+            trie = ngram_trie(row.committed, self.lookup.n, spec, row.plan.eos)
+            size = len(trie.tokens)
+            table[0, index, :size], table[1, index, :size] = trie.tokens, trie.parents
+            table[2, index, :size], table[3, index, :size] = trie.depths, 1
+            for node in range(size - 1, -1, -1):  # ends on each parent's first child
+                first[index, trie.parents[node] + 1] = trie.tokens[node]
+        tokens, parents, depths, valid = torch.from_numpy(table).to(device)
+        laws = torch.zeros((count, nodes + 2, self.vocab + 1), dtype=torch.float64, device=device)
+        first_token = torch.from_numpy(first).to(device)
+        laws.scatter_(2, torch.where(first_token >= 0, first_token, self.vocab)[..., None], 1.0)
+        valid = valid.bool()
+        return Drafted(tokens, valid, torch.where(valid, parents, -1), torch.where(valid, depths, 1),
+                       valid.to(torch.float64), torch.full((count, nodes), float("nan"), dtype=torch.float64, device=device),
+                       laws[:, : nodes + 1, : self.vocab], torch.zeros((count, nodes), dtype=torch.long, device=device))
+
     def _draft_laws(self, logits: torch.Tensor, rows: list[_Row], groups: list[tuple[int, int]]) -> torch.Tensor:
         laws = [probabilities(logits[lo:hi], rows[lo].plan.draft_policy) for lo, hi in groups]
         return laws[0] if len(laws) == 1 else torch.cat(laws)
@@ -389,7 +419,8 @@ class TreeProgram(RoundProgram):
             has_allowed = self._has_allowed(rows[lo].plan.rule)
             for offset in range(lo, hi):
                 self._commit_tree(rows[offset], host[offset], positions[offset], budgets[offset], layout, has_allowed, moves)
-        self._move(self.pair.draft_stage, moves["draft"])
+        if self.model_draft:
+            self._move(self.pair.draft_stage, moves["draft"])
         self._move(self.pair.target_stage, moves["target"])
 
     def _verify_group(self, rule: Any, p_laws: torch.Tensor, drafted: Drafted, uniforms: torch.Tensor,
@@ -498,8 +529,9 @@ class TreeProgram(RoundProgram):
         moves["target"].append((row.target_slot, prefix, target_sources))
         row.scorer.cached = len(rows_kept)
         fed = [n for n in path if node["depth"][n] < min(self.depth, budget)]  # a prefix of the path
-        moves["draft"].append((row.draft_slot, prefix, [prefix + int(node["column"][n]) for n in fed]))
-        row.draft_cached = prefix + len(fed)
+        if self.model_draft:
+            moves["draft"].append((row.draft_slot, prefix, [prefix + int(node["column"][n]) for n in fed]))
+            row.draft_cached = prefix + len(fed)
         row.committed.extend(emitted)
         run.tokens.extend(emitted)
         if finished:
