@@ -152,3 +152,19 @@ def test_every_planted_tree_and_batch_bug_plants_in_the_tree_program() -> None:
         correct = generate_batch(target, draft, prompts, "lossless", list(range(len(prompts))), **kwargs)
         planted = generate_batch(target, draft, prompts, "lossless", list(range(len(prompts))), seams=seams, **kwargs)
         assert any(a.tokens != b.tokens for a, b in zip(correct, planted)), name
+
+
+def test_an_interrupted_tree_row_is_kept_and_marked() -> None:
+    target, draft = MODELS["direct forward, early-exit draft"]
+    calls = {"n": 0}
+
+    def stop() -> bool:
+        calls["n"] += 1
+        return calls["n"] > 3
+
+    runs = generate_batch(target, draft, [[1, 2, 3]] * 2, "lossless", [0, 1], tree="2,1", max_new_tokens=30,
+                          eos_token_id=[], should_stop=[stop, None], core="tensor")
+    assert runs[0].status == "interrupted" and runs[0].stop_reason == "stopped" and 0 < len(runs[0].tokens) < 30
+    assert runs[1].status == "complete" and len(runs[1].tokens) == 30
+    for run in runs:
+        assert len(run.records) == len(run.tokens) and len(run.rounds) == run.blocks

@@ -236,8 +236,9 @@ def generate_batch(
 
     ``core``: ``tensor`` (the default) runs a chain of plain decoding, a draft model, the early exit or
     n-grams as one tensor program per round (``diagnostics.engine.program``: host work flat as rows grow);
-    ``rows`` runs each row's own program (``chain.chain_row``), the tensor program's oracle. Trees, heads
-    and custom drafters always run per row.
+    ``rows`` runs each row's own program (``chain.chain_row``, ``tree.tree_row``), the tensor programs'
+    oracle. Trees drafted by a model, the early exit or prompt lookup run as ``tree_program.TreeProgram``;
+    draft heads and custom drafters always run per row.
     """
     loaded = wrap_model(target) if not isinstance(target, LoadedModel) else target
     if core not in ("tensor", "rows"):

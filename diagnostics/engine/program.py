@@ -1,9 +1,9 @@
 """A chain round of every row as one tensor program: the batched core's fast path.
 
-``generate_batch`` runs chains (plain decoding, a draft model, or the target's early exit) through
-``run_program``; trees, draft heads, n-gram and custom drafters, and models without a batched forward
-go through the per-row programs (``chain.chain_row``, ``tree.tree_row``), which also stay as this
-program's test oracle. A round of the ``B`` active rows:
+``generate_batch`` runs chains (plain decoding, a draft model, the target's early exit, prompt lookup)
+through ``RoundProgram`` and trees through ``tree_program.TreeProgram``; draft heads, custom drafters
+and models without a batched forward go through the per-row programs (``chain.chain_row``,
+``tree.tree_row``), which also stay as both programs' test oracle. A round of the ``B`` active rows:
 
 1. **Uniforms** ``U[B, γ+1, 3]`` keyed by each row's ``(seed, position + j, slot)``, from the host in
    one call (``rng.round_uniform_array``) and copied to the device once.
