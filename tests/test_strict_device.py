@@ -94,7 +94,9 @@ def test_a_drafter_that_builds_its_laws_on_the_host_is_caught(models, monkeypatc
     monkeypatch.setattr(NgramDrafter, "propose", namespace["propose"])
     mode = StrictDevice()
     with mode:
-        generate_batch(target, "ngram:2", PROMPTS, "lossless", [0, 1, 2, 3], max_new_tokens=6, eos_token_id=[])
+        # The per-row programs call the drafter's ``propose`` (the tensor program looks n-grams up itself),
+        # as they do for any drafter object.
+        generate_batch(target, "ngram:2", PROMPTS, "lossless", [0, 1, 2, 3], max_new_tokens=6, eos_token_id=[], core="rows")
     assert mode.places == {"diagnostics/engine/planted_host_laws.py:7": "zeros"}, mode.report()
     # Code outside diagnostics/ (a test's own tensors) is not the engine's business.
     with StrictDevice() as outside:

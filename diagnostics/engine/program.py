@@ -296,17 +296,21 @@ class RoundProgram:
                     buffers.append(verify_group(plan.rule, p_laws, q_laws[lo:hi] if gamma else None, group_drafts,
                                                 uniforms[lo:hi], limit[lo:hi], budget[lo:hi], self.eos,
                                                 self.seams.fallback_law, columns))
-        # One copy per round: groups' buffers differ in width only when they record differently.
-        width = max(buffer.shape[1] for buffer in buffers)
-        if len(buffers) > 1:
-            buffers = [torch.nn.functional.pad(buffer, (0, width - buffer.shape[1])) for buffer in buffers]
-        host = (buffers[0] if len(buffers) == 1 else torch.cat(buffers)).cpu().numpy()
+        host = self._to_host(buffers)
         for (lo, hi) in groups:
             plan = rows[lo].plan
             columns = Columns(gamma, min(plan.top_k_record, self.vocab), plan.record)
             has_allowed = self._has_allowed(plan.rule)
             for offset in range(lo, hi):
                 self._commit(rows[offset], host[offset], host_u[offset], positions[offset], columns, has_allowed)
+
+    @staticmethod
+    def _to_host(buffers: list[torch.Tensor]) -> np.ndarray:
+        """Every group's packed buffer in one host copy (widths differ only when groups record differently)."""
+        width = max(buffer.shape[1] for buffer in buffers)
+        if len(buffers) > 1:
+            buffers = [torch.nn.functional.pad(buffer, (0, width - buffer.shape[1])) for buffer in buffers]
+        return (buffers[0] if len(buffers) == 1 else torch.cat(buffers)).cpu().numpy()
 
     def _has_allowed(self, rule: Any) -> bool:
         known = self.allowed.get(rule)

@@ -389,6 +389,7 @@ class TreeProgram(RoundProgram):
     # -- one round ---------------------------------------------------------------------------
 
     def round(self, rows: list[_Row]) -> None:
+        """Draft every row's tree, verify, walk and record one round of ``rows`` (see the module docstring)."""
         device, nodes = self.device, self.nodes
         groups = self._groups(rows)
         positions = [len(row.run.tokens) for row in rows]
@@ -410,10 +411,7 @@ class TreeProgram(RoundProgram):
                     p_laws = self.seams.target_laws(logits[lo:hi], plan.policy, nodes)
                     part = Drafted(*(getattr(drafted, name)[lo:hi] for name in Drafted.__dataclass_fields__))
                     buffers.append(self._verify_group(plan.rule, p_laws, part, uniforms[lo:hi], budget[lo:hi], layout))
-        width = max(buffer.shape[1] for buffer in buffers)
-        if len(buffers) > 1:
-            buffers = [torch.nn.functional.pad(buffer, (0, width - buffer.shape[1])) for buffer in buffers]
-        host = (buffers[0] if len(buffers) == 1 else torch.cat(buffers)).cpu().numpy()
+        host = self._to_host(buffers)
         moves: dict[str, list] = {"draft": [], "target": []}
         for (lo, hi), layout in zip(groups, layouts):
             has_allowed = self._has_allowed(rows[lo].plan.rule)
