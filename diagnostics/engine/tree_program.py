@@ -416,7 +416,8 @@ class TreeProgram(RoundProgram):
         for (lo, hi), layout in zip(groups, layouts):
             has_allowed = self._has_allowed(rows[lo].plan.rule)
             for offset in range(lo, hi):
-                self._commit_tree(rows[offset], host[offset], positions[offset], budgets[offset], layout, has_allowed, moves)
+                self._commit_tree(rows[offset], host[offset], host_u[offset, :, 0, FALLBACK], positions[offset],
+                                  budgets[offset], layout, has_allowed, moves)
         if self.model_draft:
             self._move(self.pair.draft_stage, moves["draft"])
         self._move(self.pair.target_stage, moves["target"])
@@ -497,8 +498,8 @@ class TreeProgram(RoundProgram):
 
     # -- the host's part ---------------------------------------------------------------------
 
-    def _commit_tree(self, row: _Row, values: np.ndarray, position: int, budget: int, layout: Layout, has_allowed: bool,
-                     moves: dict[str, list]) -> None:
+    def _commit_tree(self, row: _Row, values: np.ndarray, u_fallback: np.ndarray, position: int, budget: int,
+                     layout: Layout, has_allowed: bool, moves: dict[str, list]) -> None:
         """A row's round on the host: its compact tree, records, tokens, counters and the cache moves."""
         run, plan = row.run, row.plan
         accepted, end, final, finished = (int(value) for value in values[:4])
@@ -513,8 +514,8 @@ class TreeProgram(RoundProgram):
         emitted = [int(node["token"][n]) for n in path] + ([final] if end != NO_DRAW else [])
         kinds = ["accepted"] * accepted + (["rejected" if end == REJECTED else "bonus"] if end != NO_DRAW else [])
         if plan.record:
-            self._tree_records(row, values, node, kept_nodes, compact, tree, path, emitted, kinds, position, budget,
-                               expected, final_p, layout, has_allowed)
+            self._tree_records(row, values, u_fallback, node, kept_nodes, compact, tree, path, emitted, kinds, position,
+                               budget, expected, final_p, layout, has_allowed)
         run.blocks += 1
         run.drafted += len(kept_nodes)
         run.accepted += accepted
@@ -546,7 +547,7 @@ class TreeProgram(RoundProgram):
         stage.store.move_rows(slots, torch.tensor(sources, dtype=torch.long, device=self.device),
                               torch.tensor(targets, dtype=torch.long, device=self.device))
 
-    def _tree_records(self, row: _Row, values: np.ndarray, node: dict, kept_nodes: list[int], compact: dict[int, int],
+    def _tree_records(self, row: _Row, values: np.ndarray, u_fallback: np.ndarray, node: dict, kept_nodes: list[int], compact: dict[int, int],
                       tree: TokenTree, path: list[int], emitted: list[int], kinds: list[str], position: int, budget: int,
                       expected: float, final_p: float, layout: Layout, has_allowed: bool) -> None:
         run, plan = row.run, row.plan
@@ -573,13 +574,13 @@ class TreeProgram(RoundProgram):
             plan.on_round(round_, nodes)
         slots = [int(slot) for slot in values[layout.slots : layout.slots + self.depth + 1]]
         for index, (kind, token) in enumerate(zip(kinds, emitted)):
-            record = self._tree_position(row, values, node, compact, slots[index], index, kind, token, position, path,
-                                         final_p, layout, has_allowed)
+            record = self._tree_position(row, values, float(u_fallback[index]), node, compact, slots[index], index, kind,
+                                         token, position, path, final_p, layout, has_allowed)
             run.records.append(record)
             if plan.on_record is not None:
                 plan.on_record(record)
 
-    def _tree_position(self, row: _Row, values: np.ndarray, node: dict, compact: dict[int, int], slot: int, index: int,
+    def _tree_position(self, row: _Row, values: np.ndarray, u_final: float, node: dict, compact: dict[int, int], slot: int, index: int,
                        kind: str, token: int, position: int, path: list[int], final_p: float, layout: Layout,
                        has_allowed: bool) -> PositionRecord:
         """The record of the position decided at depth ``index`` (at parent slot ``slot``: 0 the root)."""
@@ -594,7 +595,6 @@ class TreeProgram(RoundProgram):
         )
         if has_allowed:
             shared.update(allowed_size=int(column["allowed_size"]), allowed_mass=column["allowed_mass"])
-        u_final = float(self._u_fallback(row, position, index))
         if kind == "bonus":
             return PositionRecord(p_token=final_p, draft_token=None, p_draft=None, q_draft=None, accept_prob=None,
                                   u_draft=None, u_accept=None, **{**shared, "u_fallback": u_final})
@@ -615,9 +615,3 @@ class TreeProgram(RoundProgram):
             alpha=1.0 - survive, tv_pq=column["tv_pq"], entropy_q=column["entropy_q"], overshoot=column["overshoot"],
             **{**shared, "u_fallback": u_final if kind == "rejected" else None},
         )
-
-    @staticmethod
-    def _u_fallback(row: _Row, position: int, index: int) -> float:
-        from diagnostics.rng import uniform_scalar
-
-        return uniform_scalar(row.plan.seed, position + index, "fallback")

@@ -92,10 +92,6 @@ class Template:
             table[parent + 1].append(node)
         return [kids + [-1] * (self.width - len(kids)) for kids in table]
 
-    def children_tensor(self, device: torch.device) -> torch.Tensor:
-        """``[N + 1, W]`` long: ``children`` on ``device``."""
-        return torch.tensor(self.children, dtype=torch.long, device=device).reshape(self.nodes + 1, self.width)
-
     def ancestors(self, device: torch.device) -> torch.Tensor:
         """``[N, N]`` bool: node ``i`` sees node ``j`` iff ``j`` is ``i`` or one of its ancestors."""
         sees = torch.eye(self.nodes, dtype=torch.bool, device="cpu")
