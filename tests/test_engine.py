@@ -218,7 +218,7 @@ def test_caches_are_laid_out_as_transformers_lays_them_out() -> None:
     copied from a target whose layout was already read (the shell has fewer layers)."""
     from transformers import DynamicCache
 
-    from diagnostics.engine.drafting import new_cache
+    from diagnostics.engine.caches import new_cache
 
     target = tiny_llama(seed=0, layers=3, device=DEVICE)
     new_cache(target.model)  # the target's layout is read (and kept) before the shell is copied

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from diagnostics.cli.common import Progress, add_generation_options, prepare, progress_wanted, rule_help, run_json
+from diagnostics.cli.common import Parser, Progress, add_generation_options, prepare, progress_wanted, rule_help, run_json
 
 
 def command_run(args: argparse.Namespace) -> int:
@@ -31,6 +31,13 @@ _REPLAYED_OPTIONS = ("prompt", "rule", "target", "draft", "gamma", "max_new_toke
                      "min_p", "eta", "draft_temperature", "seed", "raw", "tree", "tree_budget", "tree_depth", "tree_children")
 
 
+def _run_parser() -> Parser:
+    """A parser of the ``run`` command alone (its defaults tell typed options from untouched ones)."""
+    parser = Parser(prog="python -m diagnostics")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    return parser
+
+
 def command_replay(args: argparse.Namespace) -> int:
     """``run --replay RUN_ID``: record the stored run again with its own settings; print the usual
     JSON plus ``replay_of`` and ``reproduced`` (the new token ids equal the stored ones)."""
@@ -43,9 +50,7 @@ def command_replay(args: argparse.Namespace) -> int:
 
     if args.prompt is not None:
         raise ValueError("--prompt and --replay exclude each other: a replay uses the stored run's own prompt")
-    from diagnostics.cli import build_parser
-
-    defaults = vars(build_parser().parse_args(["run", "--replay", "placeholder"]))
+    defaults = vars(_run_parser().parse_args(["run", "--replay", "placeholder"]))
     typed = [name for name in _REPLAYED_OPTIONS if getattr(args, name) != defaults[name]]
     if typed:
         raise ValueError(f"--replay takes the stored run's own settings; drop --{typed[0].replace('_', '-')}")

@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from diagnostics.engine.caches import new_cache
 from diagnostics.models import LoadedModel, float_logits
 
 
@@ -461,8 +462,6 @@ class RowStore:
         self.slots = 0
 
     def attach(self) -> int:
-        from diagnostics.engine.drafting import new_cache
-
         if self.free:
             self.free.sort()
             slot = self.free.pop(0)
