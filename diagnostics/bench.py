@@ -339,7 +339,7 @@ def _batching(max_new_tokens: int, quick: bool) -> dict[str, object]:
     from diagnostics.evaluation.prompts import load_prompts
     from diagnostics.evaluation.sweeper import run_sweep, settings_of
     from diagnostics.models import early_exit_model, load_model
-    from diagnostics.runner import RunRequest
+    from diagnostics.request import RunRequest
     from diagnostics.store import Store
 
     target = load_model("default")

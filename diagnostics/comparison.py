@@ -21,7 +21,8 @@ import pandas as pd
 from diagnostics.engine import EngineError, PositionRecord, Run
 from diagnostics.metrics import log_likelihood, verified_acceptance
 from diagnostics.rules import split_specs
-from diagnostics.runner import RunRequest, batch_key, first_divergence, record_batch
+from diagnostics.request import RunRequest, batch_key
+from diagnostics.runner import first_divergence, record_batch
 from diagnostics.models import LoadedModel
 from diagnostics.store import Store
 
@@ -58,24 +59,6 @@ def plan_group(rules: str | list[str], seeds: list[int], base: RunRequest) -> li
     for request in requests:
         request.validate()
     return requests
-
-
-def matched_baseline(request: RunRequest) -> RunRequest | None:
-    """The matched baseline of a truncation rule's request: lossless under the same truncation as a
-    target policy (``cascade:m`` → min-p ``m``, ``typical:η`` → eta ``η``, ``medusa:ε,δ`` → the
-    Medusa gate ``ε, δ``) with the draft policy left as it was, so the same drafts (the same
-    tree) are verified and only the verification differs. ``None`` for a rule whose baseline is
-    the lossless run itself (``p``)."""
-    from diagnostics.rules import get_rule
-
-    rule = get_rule(request.rule)
-    truncations = {"cascade": {"min_p": getattr(rule, "m", None)}, "typical": {"eta": getattr(rule, "eta", None)},
-                   "medusa": {"medusa_eps": getattr(rule, "eps", None), "medusa_delta": getattr(rule, "delta", None)}}
-    truncation = truncations.get(rule.name)
-    if truncation is None or any(value is None for value in truncation.values()):
-        return None
-    policy = replace(request.policy, **{name: float(value) for name, value in truncation.items()})
-    return replace(request, rule="lossless", policy=policy, draft_policy=request.draft_policy or request.policy)
 
 
 def member_label(row: dict[str, Any], reference: dict[str, Any]) -> str:

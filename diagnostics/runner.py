@@ -6,7 +6,6 @@ Shared by the command line and the dashboard, so that both record runs the same 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from diagnostics.engine import (
@@ -15,18 +14,13 @@ from diagnostics.engine import (
     EngineSeams,
     PositionRecord,
     Run,
-    check_draft_stop,
-    check_numbers,
     check_settings,
-    check_tree_settings,
     generate,
-    tree_spec_or_error,
 )
-from diagnostics.models import LoadedModel, device_label, parse_draft
-from diagnostics.policy import Policy
+from diagnostics.models import LoadedModel, device_label
 from diagnostics.rules import get_rule
+from diagnostics.request import RunRequest, batch_key, check_prompt_text
 from diagnostics.store import RunWriter, Store, StoreError, WriterGroup
-from diagnostics.engine.tree_draft import TreeSpec, spec_from_text
 
 
 def encode_prompt(target: LoadedModel, text: str, raw: bool = False) -> list[int]:
@@ -41,97 +35,6 @@ def encode_prompt(target: LoadedModel, text: str, raw: bool = False) -> list[int
     else:
         ids = tokenizer(text, add_special_tokens=True)["input_ids"]
     return [int(token) for token in ids]
-
-
-@dataclass
-class RunRequest:
-    """Everything that defines one run, as the user typed it."""
-
-    prompt: str
-    rule: str = "lossless"
-    draft: str | None = "early-exit:26"
-    gamma: int = 4
-    max_new_tokens: int = 64
-    seed: int = 0
-    policy: Policy = Policy()
-    draft_policy: Policy | None = None
-    raw: bool = False
-    top_k_record: int = 20
-    tree: str | None = None  # "3,2,1": a tree per round instead of a chain of gamma
-    tree_children: str = "top"
-    tree_budget: int | None = None
-    tree_depth: int | None = None
-    draft_stop: float | None = None  # adaptive drafting: end a block after a draft x with q(x) below this
-
-    @property
-    def tree_spec(self) -> TreeSpec | None:
-        """The tree shape asked for, or ``None`` for a chain (raises ``EngineError`` when malformed)."""
-        return tree_spec_or_error(self.tree, self.tree_budget, self.tree_depth, self.tree_children)
-
-    @property
-    def depth(self) -> int:
-        """Draft tokens a round can add before its bonus: γ for a chain, the tree's depth for a tree."""
-        spec = self.tree_spec
-        return spec.max_depth if spec is not None else self.gamma
-
-    def validate(self) -> None:
-        """Cheap checks before any model work: a known rule spec and drafter, a non-empty prompt in
-        valid UTF-8, γ, the token budget, the seed and the recorded top-k in range, and a tree
-        shape the rule and drafter can take."""
-        rule = get_rule(self.rule)
-        drafted = self.draft is not None and self.draft.strip().lower() not in ("", "none", "plain")
-        if drafted:
-            parse_draft(self.draft)
-        check_prompt_text(self.prompt)
-        check_numbers(self.gamma, self.max_new_tokens, self.seed, self.top_k_record)
-        spec = self.tree_spec
-        if spec is not None:
-            check_tree_settings(spec, rule, self.draft if drafted else None)
-        check_draft_stop(self.draft_stop, self.draft if drafted else None)
-        if self.draft_stop is not None and spec is not None:
-            raise EngineError("--draft-stop ends a chain of drafts early; use it without a tree")
-
-
-def request_from_run(run: dict[str, Any]) -> RunRequest:
-    """The request that recorded ``run`` (a ``Store.get_run`` row): its prompt, raw flag, rule,
-    drafter, γ, token budget, seed, policy and draft policy, so that recording it again on the same
-    models repeats the run token for token. Raises ``ValueError`` (one line) for a row that does
-    not say how it was made."""
-    import json
-
-    def policy_of(text: Any, column: str) -> Policy:
-        try:
-            values = json.loads(text) if text else {}
-            return Policy(**values)
-        except (ValueError, TypeError) as error:
-            raise ValueError(f"run {run.get('run_id')!r} has an unusable {column} ({error}); it cannot be replayed") from None
-
-    missing = [name for name in ("prompt", "rule", "seed", "max_new_tokens") if run.get(name) is None]
-    if missing:
-        raise ValueError(f"run {run.get('run_id')!r} has no {missing[0]}; it cannot be replayed")
-    draft = str(run.get("draft") or "").strip()
-    draft_spec = None if not draft or draft.lower().startswith(("none", "plain")) else draft
-    policy = policy_of(run.get("policy"), "policy")
-    draft_policy = policy_of(run.get("draft_policy"), "draft policy") if run.get("draft_policy") else policy
-    try:
-        spec = spec_from_text(run.get("tree"), run.get("tree_children"))
-    except ValueError as error:
-        raise ValueError(f"run {run.get('run_id')!r} has an unusable tree ({error}); it cannot be replayed") from None
-    tree_fields = {}
-    if spec is not None:
-        tree_fields = ({"tree": spec.text} if spec.fixed else {"tree_budget": spec.budget, "tree_depth": spec.depth})
-        tree_fields["tree_children"] = spec.children
-    return RunRequest(
-        prompt=run["prompt"], rule=run["rule"], draft=draft_spec, gamma=int(run.get("gamma") or 0),
-        max_new_tokens=int(run["max_new_tokens"]), seed=int(run["seed"]), policy=policy,
-        draft_policy=None if draft_policy == policy else draft_policy, raw=bool(run.get("raw_prompt")), **tree_fields,
-        draft_stop=_stored_float(run.get("draft_stop")),
-    )
-
-
-def _stored_float(value: Any) -> float | None:
-    """A nullable DOUBLE as read back (``None``, NaN from pandas, or a number)."""
-    return None if value is None or value != value else float(value)
 
 
 def check_replay_prompt(target: LoadedModel, request: RunRequest, stored_ids: list[int] | None, run_id: str) -> None:
@@ -149,20 +52,6 @@ def check_replay_prompt(target: LoadedModel, request: RunRequest, stored_ids: li
             f"{len(stored)}, first difference at token {first}): the tokenizer of {target.name} changed, so the run "
             "cannot be replayed exactly; load the tokenizer it was recorded with"
         )
-
-
-def check_prompt_text(text: str) -> None:
-    """A prompt must be non-empty text that UTF-8 can encode (a terminal in another encoding
-    hands Python undecodable bytes as lone surrogates, which no tokenizer takes)."""
-    if not isinstance(text, str) or not text.strip():
-        raise EngineError("the prompt is empty; type some text")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as error:
-        bad = text[error.start]
-        byte = f"byte 0x{ord(bad) - 0xDC00:02x}" if 0xDC80 <= ord(bad) <= 0xDCFF else f"character U+{ord(bad):04X}"
-        raise EngineError(f"the prompt is not valid UTF-8 text ({byte} at character {error.start}); "
-                          "pass it in UTF-8 (check your terminal's or file's encoding)") from None
 
 
 def run_fields(request: RunRequest, target_name: str, prompt_ids: list[int], group_id: str | None = None,
@@ -240,12 +129,6 @@ def record_run(
     (run_id, run), = record_batch(store, target, draft, [request], group_ids=group_id, on_record_for=on_record_for,
                                   should_stop=should_stop, seams=seams)
     return run_id, run
-
-
-def batch_key(request: RunRequest) -> tuple:
-    """What the rows of one batch share: the drafter, γ or the tree, the draft stop, the recorded top-k."""
-    spec = request.tree_spec
-    return (request.draft or None, request.gamma if spec is None else None, spec, request.draft_stop, request.top_k_record)
 
 
 def record_batch(

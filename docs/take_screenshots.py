@@ -28,7 +28,8 @@ def _record(db: Path) -> dict:
     from diagnostics.audit import audit_recorded_run
     from diagnostics.audit.reporting import summary_line
     from diagnostics.models import load_draft, load_model
-    from diagnostics.runner import RunRequest, compare_rules
+    from diagnostics.comparison import compare_rules
+    from diagnostics.runner import RunRequest
     from diagnostics.store import Store
 
     store = Store(db)

@@ -21,7 +21,8 @@ from diagnostics.models import early_exit_model
 from diagnostics.policy import Policy
 from diagnostics.engine.drafting import TargetScorer
 from diagnostics.engine.self_speculation import shares_layers, split_layer, supports_layer_reuse
-from diagnostics.runner import RunRequest, generate_request, request_from_run, store_finished_run
+from diagnostics.request import request_from_run
+from diagnostics.runner import RunRequest, generate_request, store_finished_run
 from diagnostics.store import Store
 from diagnostics.tiny import tiny_llama
 

@@ -430,7 +430,7 @@ def test_a_schema_4_file_gains_the_draft_stop_column(tmp_path) -> None:
     is and replays as a run without adaptive drafting; a writable open migrates it, rows unchanged."""
     import duckdb
 
-    from diagnostics.runner import request_from_run
+    from diagnostics.request import request_from_run
 
     path = tmp_path / "runs.duckdb"
     store = Store(path)

@@ -8,7 +8,7 @@ from diagnostics.audit.suite import DEFAULT_EARLY_EXIT_LAYER
 from diagnostics.models import layer_count
 from diagnostics.policy import Policy, PolicyError
 from diagnostics.rules import EXAMPLE_SPECS
-from diagnostics.runner import RunRequest
+from diagnostics.request import RunRequest
 from views.common import default_target, show_error
 
 

@@ -55,7 +55,7 @@ def rule_help() -> str:
 def add_generation_options(parser: argparse.ArgumentParser, replayable: bool = False, with_prompt: bool = True) -> None:
     """The options shared by ``run``, ``compare`` and ``sweep``; ``replayable``: ``--prompt`` may give
     way to ``--replay``; ``with_prompt=False``: no ``--prompt`` (a sweep reads a prompt file)."""
-    from diagnostics.runner import RunRequest
+    from diagnostics.request import RunRequest
 
     if with_prompt and replayable:
         parser.add_argument("--prompt", default=None, help="the user message (chat template applied unless --raw); required unless --replay")
@@ -175,7 +175,7 @@ class Progress:
 
 def request_of(args: argparse.Namespace, rule: str):
     from diagnostics.policy import Policy
-    from diagnostics.runner import RunRequest
+    from diagnostics.request import RunRequest
 
     policy = Policy(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, eta=args.eta)
     draft_policy = None

@@ -27,7 +27,8 @@ def _shapes(args: argparse.Namespace) -> list[dict[str, Any]]:
 def command_compare(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from diagnostics.comparison import matched_baseline, parse_seeds, references, run_group
+    from diagnostics.comparison import parse_seeds, references, run_group
+    from diagnostics.request import matched_baseline
     from diagnostics.rules import split_specs
 
     seeds = parse_seeds(args.seeds) if args.seeds is not None else [args.seed]

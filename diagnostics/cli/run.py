@@ -45,7 +45,8 @@ def command_replay(args: argparse.Namespace) -> int:
 
     from diagnostics.inspection import target_spec
     from diagnostics.models import load_draft, load_model
-    from diagnostics.runner import check_replay_prompt, record_run, request_from_run
+    from diagnostics.request import request_from_run
+    from diagnostics.runner import check_replay_prompt, record_run
     from diagnostics.store import Store, default_db_path
 
     if args.prompt is not None:

@@ -31,7 +31,8 @@ from diagnostics.evaluation.sweeper import (
     unit_finished,
     unit_group_id,
 )
-from diagnostics.runner import RunRequest, checked_prompt_ids, generate_requests, store_finished_run
+from diagnostics.request import RunRequest
+from diagnostics.runner import checked_prompt_ids, generate_requests, store_finished_run
 from diagnostics.store import Store
 
 ATTEMPTS = 3  # runs of one unit before a sweep gives up on it (a unit that kills every worker)

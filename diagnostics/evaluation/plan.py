@@ -11,10 +11,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from diagnostics.comparison import matched_baseline
 from diagnostics.engine import EngineError
 from diagnostics.rules import get_rule
-from diagnostics.runner import RunRequest
+from diagnostics.request import RunRequest, matched_baseline
 
 MAX_RANGE_VALUES = 50
 _RANGE = re.compile(r"^\s*([-+0-9.eE]+)\s*\.\.\s*([-+0-9.eE]+)\s*:\s*([0-9]+)\s*$")

@@ -18,7 +18,7 @@ from typing import Any
 from diagnostics.evaluation.plan import Unit, unit_members, units
 from diagnostics.evaluation.prompts import MAX_PROMPTS, PromptItem, PromptSetError, parse_checker
 from diagnostics.policy import Policy
-from diagnostics.runner import RunRequest, check_prompt_text
+from diagnostics.request import RunRequest, check_prompt_text
 
 # RunRequest fields a sweep shares across its runs (prompt, rule and seed vary by member and unit).
 SHARED_FIELDS = ("draft", "gamma", "max_new_tokens", "raw", "top_k_record", "tree", "tree_children", "tree_budget", "tree_depth", "draft_stop")

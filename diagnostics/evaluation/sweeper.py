@@ -19,7 +19,8 @@ from diagnostics.engine import EngineError, PositionRecord
 from diagnostics.evaluation.answers import require_sandbox_for, scores_of
 from diagnostics.evaluation.plan import Member, Unit, expand_rule, unit_members
 from diagnostics.evaluation.settings import SHARED_FIELDS, base_request, checkers_of, plan_units, settings_of
-from diagnostics.runner import RunRequest, record_batch
+from diagnostics.request import RunRequest
+from diagnostics.runner import record_batch
 from diagnostics.store import Store
 
 def expand_rules(specs: list[str]) -> list[str]:

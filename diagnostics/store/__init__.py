@@ -10,11 +10,9 @@ from diagnostics.store.core import (
     RunWriter,
     WriterGroup,
     Store,
-    StoreBusy,
-    StoreError,
-    StoreFull,
     default_db_path,
 )
+from diagnostics.store.errors import StoreBusy, StoreError, StoreFull
 from diagnostics.store.schema import (
     AUDIT_COLUMNS,
     KINDS,

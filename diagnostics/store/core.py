@@ -50,6 +50,7 @@ from diagnostics.store.schema import (
     STATUSES,
     schema_problem,
 )
+from diagnostics.store.errors import StoreBusy, StoreError, StoreFull
 from diagnostics.store.sweeps import SweepTables
 from diagnostics.store.trees import TreeTables
 from diagnostics.store.validation import content_problem
@@ -61,18 +62,6 @@ _BUSY = ("lock", "different configuration", "unique file handle conflict")  # th
 _DISK_FULL = ("no space left", "file too large", "disk quota")
 _DAMAGED = ("not a valid duckdb", "corrupt", "could not read enough bytes", "checksum", "invalid block",
             "serialization error", "failed to read")
-
-
-class StoreError(RuntimeError):
-    """The database cannot be used as asked; the message says what to do."""
-
-
-class StoreBusy(StoreError):
-    """Another process kept the database locked for longer than the bounded wait."""
-
-
-class StoreFull(StoreError):
-    """The disk holding the database is full (or the file hit a size limit)."""
 
 
 def default_db_path() -> Path:

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import duckdb
 
-from diagnostics.store.core import Store, StoreError
+from diagnostics.store.core import Store
+from diagnostics.store.errors import StoreError
 from diagnostics.store.schema import (
     POSITION_COLUMNS,
     POSITION_COLUMNS_ADDED_IN_3,

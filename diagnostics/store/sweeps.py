@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from diagnostics.store.errors import StoreError
 from diagnostics.store.schema import SWEEP_COLUMNS, SWEEP_RUN_COLUMNS
 
 
@@ -87,7 +88,6 @@ class SweepTables:
         ``None``. Settings nothing could use raise ``StoreError`` (one line): a shared file's were
         checked when it was opened, but the user's own database is not checked value by value."""
         from diagnostics.evaluation.settings import SweepSettingsError, parse_settings
-        from diagnostics.store.core import StoreError
 
         with self.connect() as con:
             if not self._has_sweeps(con):
