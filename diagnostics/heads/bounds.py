@@ -169,7 +169,8 @@ def weights_file(folder: Path, names: list[str]) -> Path:
                 f"{folder / name} is a pickled checkpoint, which this lab never unpickles (a pickle can run code): convert "
                 f"it once where you trust it, e.g. python -c \"import torch; from safetensors.torch import save_file; "
                 f"save_file(torch.load('{name}', weights_only=True), '{stem}.safetensors')\" in that folder")
-    raise ModelError(f"{folder} has none of {', '.join(names)}: not a head folder (make one with python -m diagnostics make-head)")
+    raise ModelError(f"{folder} has none of {', '.join(names)}: not a head folder (pickled .bin/.pt weights are neither fetched "
+                     "nor read: convert them to safetensors; or make a head with python -m diagnostics make-head)")
 
 
 def _open(path: Path) -> Any:
