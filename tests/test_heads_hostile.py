@@ -116,6 +116,8 @@ CASES: dict[str, tuple[str, Callable[[Path], None], str]] = {
     "medusa config over 1 MiB": ("medusa", _text("{" + " " * (1 << 20) + "}"), "is over 1 MiB"),
     "medusa pickled weights": ("medusa", _pickled("medusa_lm_head.pt"), "pickled checkpoint, which this lab never unpickles"),
     "medusa not safetensors": ("medusa", _garbage, "not a safetensors file"),
+    "medusa 70,000 tensors": ("medusa", _tensors(lambda state: state.update({f"t{i}": torch.zeros(1) for i in range(70_000)})),
+                              "holds 70,012 tensors; a head has at most 65,536"),
     "medusa truncated vocabulary": ("medusa", _config(truncated_vocab_size=6), "truncated vocabulary"),
     # EAGLE-3 (make-head's config: hidden 32, 4 heads of 8, 2 kv heads, MLP 64, vocabulary 12)
     "eagle3 inf rope_theta": ("eagle3", _literal("rope_theta", "-Infinity"), "-Infinity is not a JSON number"),

@@ -11,7 +11,8 @@ and tensor by tensor, against the target, before any module or tensor is allocat
 * the weights are safetensors only (a pickle can run code, so ``.pt``/``.bin`` are never
   unpickled): the header is read without loading (``safe_open``), and every tensor name, shape
   and dtype is compared with the expected ones; a missing, extra or misshapen tensor is one line
-  naming it. Only then are the expected tensors read, one by one.
+  naming it (at most ``MAX_TENSORS`` names are looked at). Only then are the expected tensors
+  read, one by one.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ MAX_INTERMEDIATE_FACTOR = 16  # EAGLE-3's MLP width over its hidden width (Llama
 MAX_ATTENTION_FACTOR = 8  # EAGLE-3's heads × head_dim over its hidden width (Llama: 1)
 MAX_ROPE_THETA = 1e12
 MAX_HEAD_BYTES = 16 << 30  # float32 parameters: Medusa's 4 heads over Llama 3 8B's 128k vocabulary are ~8.7 GB
+MAX_TENSORS = 1 << 16  # tensors in a weights file (the largest Medusa allowed has 64 x 129 = 8,256)
 FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
 INT_DTYPES = ("I8", "I16", "I32", "I64", "U8")
 FIX = "fix config.json, or use a head made for this target"
@@ -186,7 +188,10 @@ def header(path: Path, canonical: Callable[[str], str] = lambda key: key) -> dic
     """``canonical name → (name in the file, shape, dtype)`` from the file's header; nothing is loaded."""
     found: dict[str, tuple[str, tuple[int, ...], str]] = {}
     with _open(path) as handle:
-        for name in handle.keys():
+        names = handle.keys()
+        if len(names) > MAX_TENSORS:
+            raise ModelError(f"{path} holds {len(names):,} tensors; a head has at most {MAX_TENSORS:,}: not a head's weights")
+        for name in names:
             key = canonical(name)
             if key in found:
                 raise ModelError(f"{path} holds {found[key][0]!r} and {name!r}, the same tensor twice: keep one")
@@ -231,5 +236,5 @@ def read_tensors(path: Path, tensors: dict[str, tuple[str, tuple[int, ...], str]
 
 
 __all__ = ["MAX_ATTENTION_FACTOR", "MAX_CONFIG_BYTES", "MAX_HEAD_BYTES", "MAX_INTERMEDIATE_FACTOR", "MAX_MEDUSA_HEADS",
-           "MAX_MEDUSA_LAYERS", "MAX_ROPE_THETA", "Slot", "check_memory", "check_tensors", "flag", "header", "read_config",
+           "MAX_MEDUSA_LAYERS", "MAX_ROPE_THETA", "MAX_TENSORS", "Slot", "check_memory", "check_tensors", "flag", "header", "read_config",
            "read_tensors", "real", "same", "slots_of", "weights_file", "whole"]
