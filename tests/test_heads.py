@@ -200,7 +200,7 @@ def test_one_eagle3_pair_is_the_layer_written_out(heads, target, tmp_path, norm_
 
 
 def test_medusa_checkpoints_in_medusas_and_vllms_layouts_load_alike(heads, target, tmp_path) -> None:
-    """Medusa's own config (heads and layers only: width and vocabulary read off the weights) and
+    """Medusa's own config (heads and layers only: width and vocabulary the target's) and
     vLLM's layout (``blocks``/``lm_heads``, biases optional, one shared head) give the same heads;
     a truncated draft vocabulary is a one-line refusal."""
     from safetensors.torch import load_file, save_file
@@ -215,6 +215,9 @@ def test_medusa_checkpoints_in_medusas_and_vllms_layouts_load_alike(heads, targe
     (medusa_one / "config.json").write_text(json.dumps({"medusa_num_heads": 4, "medusa_num_layers": 1,
                                                         "base_model_name_or_path": "lmsys/vicuna-7b-v1.3"}))
     torch.save({f"medusa_head.{key}": value for key, value in state.items()}, medusa_one / "medusa_lm_head.pt")
+    with pytest.raises(ModelError, match="pickled checkpoint, which this lab never unpickles"):
+        load_head("medusa", str(medusa_one), target)  # a pickle can run code: refused, never read
+    save_file({f"medusa_head.{key}": value for key, value in state.items()}, str(medusa_one / "medusa_lm_head.safetensors"))
     assert torch.allclose(load_head("medusa", str(medusa_one), target).module.logits(hidden, 4), expected)
 
     vllm = {}

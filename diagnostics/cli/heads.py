@@ -7,11 +7,19 @@ import argparse
 import json
 from typing import Any
 
+from diagnostics.heads.bounds import (MAX_CONFIG_BYTES, MAX_HEAD_BYTES, MAX_INTERMEDIATE_FACTOR, MAX_MEDUSA_HEADS,
+                                      MAX_MEDUSA_LAYERS, MAX_TENSORS)
+
 
 def command_make_head(args: argparse.Namespace) -> int:
-    from diagnostics.heads.layout import load_head, make_head
+    from pathlib import Path
+
+    from diagnostics.heads.layout import check_medusa_shape, check_output, load_head, make_head
     from diagnostics.models import load_model
 
+    check_output(Path(args.out))  # the cheap refusals come before the target is loaded
+    if args.kind == "medusa":
+        check_medusa_shape(args.heads, args.layers)
     target = load_model(args.target, dtype=args.dtype, trust_remote_code=args.trust_remote_code)
     out = make_head(args.kind, target, args.out, seed=args.seed, medusa_heads=args.heads, medusa_layers=args.layers,
                     draft_vocab=args.draft_vocab, init=args.init or ("target" if args.kind == "medusa" else "random"))
@@ -30,13 +38,18 @@ def add_parser(commands: Any) -> None:
                     "--draft eagle3:DIR or --draft medusa:DIR. Medusa heads start where Medusa's training does (--init "
                     "target: residual blocks the identity, each head a copy of the target's lm_head), so they draft the "
                     "target's next-token law a few tokens late; random heads (EAGLE-3, or --init random) draft near "
-                    "uniformly and are almost never accepted.")
+                    "uniformly and are almost never accepted. "
+                    f"Bounds, here and wherever a head is loaded: Medusa at most {MAX_MEDUSA_HEADS} heads of at most "
+                    f"{MAX_MEDUSA_LAYERS} residual blocks; EAGLE-3 intermediate_size at most {MAX_INTERMEDIATE_FACTOR} x "
+                    f"hidden_size; widths and vocabularies the target's; config.json at most {MAX_CONFIG_BYTES >> 20} MiB; "
+                    f"at most {MAX_HEAD_BYTES >> 30} GiB of float32 parameters (and no more than the memory available); "
+                    f"weights in safetensors only, at most {MAX_TENSORS:,} tensors (pickled .pt/.bin files are refused, never unpickled).")
     make.add_argument("kind", choices=["eagle3", "medusa"], help="eagle3 (one decoder layer on three tapped states) or medusa (residual heads)")
     make.add_argument("--target", default="default", help="the target the head drafts for (default: the embedded model)")
-    make.add_argument("-o", "--out", required=True, metavar="DIR", help="a new folder for the head")
-    make.add_argument("--seed", type=int, default=0, help="seed of the random weights")
-    make.add_argument("--heads", type=int, default=4, help="Medusa: number of heads (drafts per block at most)")
-    make.add_argument("--layers", type=int, default=1, help="Medusa: residual blocks per head")
+    make.add_argument("-o", "--out", required=True, metavar="DIR", help="a new folder, or an empty one, for the head (never a file or a symbolic link)")
+    make.add_argument("--seed", type=int, default=0, help="seed of the random weights (0 to 2^63 - 1)")
+    make.add_argument("--heads", type=int, default=4, help=f"Medusa: number of heads (drafts per block at most), 1 to {MAX_MEDUSA_HEADS}")
+    make.add_argument("--layers", type=int, default=1, help=f"Medusa: residual blocks per head, 0 to {MAX_MEDUSA_LAYERS}")
     make.add_argument("--draft-vocab", type=int, default=None, help="EAGLE-3: draft vocabulary size (the target's first ids)")
     make.add_argument("--init", default=None, choices=["random", "target"],
                       help="Medusa: target (default: the target's lm_head in every head, residual blocks zero) or random; "

@@ -26,6 +26,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from diagnostics.heads.bounds import (FIX, MAX_ATTENTION_FACTOR, MAX_INTERMEDIATE_FACTOR, MAX_ROPE_THETA, flag, real, same,
+                                      whole)
+from diagnostics.models import ModelError
+
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 
 
@@ -57,21 +61,44 @@ class Eagle3Config:
         return self.head_dim or self.hidden_size // self.num_attention_heads
 
     @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> "Eagle3Config":
-        eagle = raw.get("eagle_config") if isinstance(raw.get("eagle_config"), dict) else {}
-        hidden = int(raw["hidden_size"])
-        heads = int(raw["num_attention_heads"])
+    def from_json(cls, raw: dict[str, Any], where: str, hidden: int, vocab: int, layers: int) -> "Eagle3Config":
+        """The config of ``raw`` (a head's ``config.json`` at ``where``), every field's type and range
+        checked against a target of width ``hidden``, ``vocab`` ids and ``layers`` layers (one line otherwise)."""
+        architectures = raw.get("architectures")
+        if not isinstance(architectures, list) or ARCHITECTURE not in architectures:
+            raise ModelError(f"{where} does not declare {ARCHITECTURE} in architectures: not an EAGLE-3 head")
+        if whole(raw, "num_hidden_layers", where, 0, 2**62, default=1) != 1:
+            raise ModelError(f"{where} has num_hidden_layers {raw.get('num_hidden_layers')}: this lab reads EAGLE-3 heads "
+                             "of one decoder layer (midlayer), as the EAGLE authors publish them")
+        eagle = raw.get("eagle_config", {})
+        if eagle is None:
+            eagle = {}
+        if not isinstance(eagle, dict):
+            raise ModelError(f"{where}: eagle_config is {type(eagle).__name__}; it must be an object ({FIX})")
+        # The head embeds tokens with the target's embeddings, so its width is the target's too.
+        same("target_hidden_size", whole(raw, "target_hidden_size", where, 1, 2**62, default=hidden), hidden)
+        same("hidden_size", whole(raw, "hidden_size", where, 1, 2**62), hidden)
+        same("vocab_size", whole(raw, "vocab_size", where, 1, 2**62), vocab)
+        heads = whole(raw, "num_attention_heads", where, 1, hidden, why="(at most the hidden size)")
+        kv_heads = whole(raw, "num_key_value_heads", where, 1, heads, default=heads, why="(at most num_attention_heads)")
+        if heads % kv_heads:
+            raise ModelError(f"{where}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads} ({FIX})")
+        head_dim = whole(raw, "head_dim", where, 0, hidden, default=0, why="(at most the hidden size)") or hidden // heads
+        if head_dim < 2 or head_dim % 2 or heads * head_dim > MAX_ATTENTION_FACTOR * hidden:
+            raise ModelError(f"{where}: a head_dim of {head_dim} over {heads} heads does not fit: it must be even, at least 2, "
+                             f"and heads x head_dim at most {MAX_ATTENTION_FACTOR} x hidden_size ({FIX})")
         return cls(
-            hidden_size=hidden, num_attention_heads=heads,
-            num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
-            intermediate_size=int(raw["intermediate_size"]), vocab_size=int(raw["vocab_size"]),
-            draft_vocab_size=int(raw.get("draft_vocab_size") or raw["vocab_size"]),
-            target_hidden_size=int(raw.get("target_hidden_size") or hidden),
-            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)), rope_theta=float(raw.get("rope_theta", 10000.0)),
-            head_dim=int(raw["head_dim"]) if raw.get("head_dim") else None,
-            aux_layer_ids=[int(i) for i in eagle["eagle_aux_hidden_state_layer_ids"]]
-            if eagle.get("eagle_aux_hidden_state_layer_ids") else None,
-            norm_before_residual=bool(raw.get("norm_before_residual", eagle.get("norm_before_residual", False))),
+            hidden_size=hidden, num_attention_heads=heads, num_key_value_heads=kv_heads,
+            intermediate_size=whole(raw, "intermediate_size", where, 1, MAX_INTERMEDIATE_FACTOR * hidden,
+                                    why=f"(at most {MAX_INTERMEDIATE_FACTOR} x hidden_size)"),
+            vocab_size=vocab, draft_vocab_size=whole(raw, "draft_vocab_size", where, 1, vocab, default=vocab,
+                                                     why="(the target's vocabulary at most)"),
+            target_hidden_size=hidden,
+            rms_norm_eps=real(raw, "rms_norm_eps", where, 0.0, 1.0, 1e-6),
+            rope_theta=real(raw, "rope_theta", where, 0.0, MAX_ROPE_THETA, 10000.0),
+            head_dim=head_dim if raw.get("head_dim") else None,
+            aux_layer_ids=_taps(eagle, where, layers),
+            norm_before_residual=flag(raw, "norm_before_residual", where, flag(eagle, "norm_before_residual", where)),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -88,6 +115,18 @@ class Eagle3Config:
         if self.norm_before_residual:
             raw["norm_before_residual"] = True
         return raw
+
+
+def _taps(eagle: dict[str, Any], where: str, layers: int) -> list[int] | None:
+    """``eagle_aux_hidden_state_layer_ids``: three boundaries in ``[0, layers]``, or ``None`` (the defaults)."""
+    taps = eagle.get("eagle_aux_hidden_state_layer_ids")
+    if taps is None or taps == []:
+        return None
+    if (not isinstance(taps, list) or len(taps) != 3
+            or not all(isinstance(tap, int) and not isinstance(tap, bool) and 0 <= tap <= layers for tap in taps)):
+        raise ModelError(f"{where}: eagle_aux_hidden_state_layer_ids {str(taps)[:60]} must be 3 boundaries in [0, {layers}] "
+                         f"for this {layers}-layer target")
+    return list(taps)
 
 
 class RMSNorm(nn.Module):

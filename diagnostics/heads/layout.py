@@ -3,32 +3,38 @@
 
 * EAGLE-3: ``config.json`` (``architectures: ["LlamaForCausalLMEagle3"]``, ``draft_vocab_size``,
   ``target_hidden_size``, ``eagle_config.eagle_aux_hidden_state_layer_ids``) and
-  ``model.safetensors`` or ``pytorch_model.bin`` with ``fc``, ``midlayer.*``, ``norm``,
-  ``lm_head``, ``d2t`` and ``t2d``.
+  ``model.safetensors`` with ``fc``, ``midlayer.*``, ``norm``, ``lm_head``, ``d2t`` and ``t2d``.
 * Medusa: ``config.json`` (``medusa_num_heads``, ``medusa_num_layers``; ``hidden_size`` and
-  ``vocab_size`` when given, else read off the weights) and ``medusa_lm_head.safetensors`` or
-  ``medusa_lm_head.pt``; or vLLM's layout (``num_heads``, ``num_hidden_layers``; ``blocks.*``,
-  ``lm_heads.*`` in ``model.safetensors`` or ``pytorch_model.bin``).
+  ``vocab_size`` when given, which must be the target's) and ``medusa_lm_head.safetensors``; or
+  vLLM's layout (``num_heads``, ``num_hidden_layers``; ``blocks.*``, ``lm_heads.*`` in ``model.safetensors``).
 
-A head is untrusted input like any checkpoint: tensors only (``weights_only``), every shape checked
-against the target, one-line errors that say what does not fit.
+A head is untrusted input like any checkpoint: safetensors only (a pickled ``.pt``/``.bin`` is
+refused, never unpickled), the config's fields and the file's tensor names, shapes and dtypes
+checked against the target before anything is allocated (``diagnostics.heads.bounds``), one-line
+errors that say what does not fit.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from diagnostics.heads.eagle3 import ARCHITECTURE, Eagle3Config, Eagle3Head, default_taps
-from diagnostics.heads.medusa import MedusaConfig, MedusaHeads, read_medusa
+from diagnostics.heads.bounds import (MAX_CONFIG_BYTES, MAX_MEDUSA_HEADS, MAX_MEDUSA_LAYERS, Slot, check_memory,
+                                      check_tensors, header, read_config, read_tensors, slots_of, weights_file)
+from diagnostics.heads.eagle3 import Eagle3Config, Eagle3Head, default_taps
+from diagnostics.heads.medusa import (MedusaConfig, MedusaHeads, canonical_medusa_key, medusa_config, medusa_ignored,
+                                      medusa_slots)
 from diagnostics.models import LoadedModel, ModelError
 
 KINDS = ("eagle3", "medusa")
-MAX_CONFIG_BYTES = 1 << 20
+MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes a 64-bit seed
 
 
 @dataclass
@@ -60,15 +66,39 @@ def _text_config(target: LoadedModel) -> Any:
 INITS = ("random", "target")
 
 
+def check_medusa_shape(heads: int, layers: int) -> None:
+    """Medusa's head and block counts within ``MAX_MEDUSA_HEADS`` and ``MAX_MEDUSA_LAYERS`` (checked before anything is built)."""
+    for name, value, low, high in (("--heads", heads, 1, MAX_MEDUSA_HEADS), ("--layers", layers, 0, MAX_MEDUSA_LAYERS)):
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ModelError(f"Medusa {name} must be a whole number from {low} to {high}, got {value!r}")
+
+
+def check_output(out: Path) -> None:
+    """``out`` must be a new folder or an empty existing one, never a link or a file (nothing is written here)."""
+    if out.is_symlink():
+        raise ModelError(f"{out} is a symbolic link: give a new folder (a head is never written through a link)")
+    if out.exists() and not out.is_dir():
+        raise ModelError(f"{out} exists and is not a folder: give a new folder for the head")
+    if out.is_dir() and any(out.iterdir()):
+        raise ModelError(f"{out} exists and is not empty: give a new folder (a head is never written over another)")
+    for parent in out.absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ModelError(f"{parent} is not a folder: give -o a path inside a folder")
+            break
+
+
 def make_head(kind: str, target: LoadedModel, out: str | Path, *, seed: int = 0, medusa_heads: int = 4,
               medusa_layers: int = 1, draft_vocab: int | None = None, scale: float = 0.02, init: str = "random") -> Path:
-    """Write a head for ``target`` to ``out``, in the layout ``load_head`` reads.
+    """Write a head for ``target`` to ``out`` (a new or empty folder), in the layout ``load_head`` reads.
 
     ``init="random"``: normal weights of std ``scale`` (norms 1, biases 0). ``init="target"``
     (Medusa only): where Medusa's training starts, every residual block the identity
     (``W = 0, b = 0``: ``x + SiLU(0) = x``) and every head a copy of the target's ``lm_head``, so
     head ``k`` drafts with the target's own next-token law. EAGLE-3's draft vocabulary is the
-    target's first ``draft_vocab`` ids (all of them by default); its taps are written explicitly."""
+    target's first ``draft_vocab`` ids (all of them by default); its taps are written explicitly.
+    Every argument is checked before anything is built, and the files are written to a hidden
+    sibling folder renamed to ``out`` at the end, so a refusal or a failure leaves nothing behind."""
     if kind not in KINDS:
         raise ModelError(f"unknown head kind {kind!r}: use eagle3 or medusa")
     if init not in INITS:
@@ -76,47 +106,98 @@ def make_head(kind: str, target: LoadedModel, out: str | Path, *, seed: int = 0,
     if init == "target" and kind != "medusa":
         raise ModelError("--init target copies the target's lm_head into Medusa heads; an EAGLE-3 head has no such "
                          "starting point: use --init random")
-    config = _text_config(target)
-    hidden, vocab = int(config.hidden_size), int(target.vocab_size)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise ModelError(f"the seed must be a whole number from 0 to 2^63 - 1, got {seed!r}")
     out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        raise ModelError(f"{out} exists and is not empty: give a new folder (a head is never written over another)")
-    out.mkdir(parents=True, exist_ok=True)
-    generator = torch.Generator().manual_seed(seed)
+    check_output(out)
     if kind == "medusa":
-        head_config = MedusaConfig(medusa_heads, medusa_layers, hidden, vocab)
-        with torch.device("cpu"):  # a file's weights: drawn and written on the host
-            module = MedusaHeads(head_config)
-        state = {key: _random(value, key, generator, scale) for key, value in module.published_state().items()}
-        if init == "target":
-            state = _medusa_from_target(state, target, medusa_layers)
-        _save(state, out / "medusa_lm_head.safetensors")
+        check_medusa_shape(medusa_heads, medusa_layers)
+        head_config: Any = MedusaConfig(medusa_heads, medusa_layers, *_sizes(target)[:2])
+        state = _medusa_state(head_config, target, seed, scale, init)
+        name = "medusa_lm_head.safetensors"
     else:
-        size = vocab if draft_vocab is None else int(draft_vocab)
-        if not 1 <= size <= vocab:
-            raise ModelError(f"the draft vocabulary must hold 1 to {vocab} ids, got {size}")
-        heads = int(config.num_attention_heads)
-        head_config = Eagle3Config(
-            hidden_size=hidden, num_attention_heads=heads,
-            num_key_value_heads=int(getattr(config, "num_key_value_heads", None) or heads),
-            intermediate_size=int(config.intermediate_size), vocab_size=vocab, draft_vocab_size=size,
-            target_hidden_size=hidden, rms_norm_eps=float(getattr(config, "rms_norm_eps", 1e-6)),
-            rope_theta=float(getattr(config, "rope_theta", None) or 10000.0),
-            head_dim=int(getattr(config, "head_dim", None) or hidden // heads),
-            aux_layer_ids=list(default_taps(int(config.num_hidden_layers))))
-        with torch.device("cpu"):
-            module = Eagle3Head(head_config)
-        state = {key: _random(value, key, generator, scale) for key, value in module.state_dict().items()
-                 if key not in ("d2t", "t2d")}
-        chosen = torch.arange(size, device="cpu")  # a file's tensors: on the host
-        state["d2t"] = chosen - torch.arange(size, device="cpu")  # target id = i + d2t[i]
-        t2d = torch.zeros(vocab, dtype=torch.bool, device="cpu")
-        t2d[chosen] = True
-        state["t2d"] = t2d
-        _save(state, out / "model.safetensors")
-    (out / "config.json").write_text(json.dumps({**head_config.to_json(), "made_by": "diagnostics make-head",
-                                                 "target": target.name, "seed": seed, "init": init}, indent=2))
+        head_config = _eagle3_config(target, draft_vocab)
+        state, name = _eagle3_state(head_config, seed, scale), "model.safetensors"
+    config = {**head_config.to_json(), "made_by": "diagnostics make-head", "target": target.name, "seed": seed, "init": init}
+    _write(out, {name: state}, json.dumps(config, indent=2))
     return out
+
+
+def _sizes(target: LoadedModel) -> tuple[int, int, int]:
+    """The target's hidden size, vocabulary size and layer count."""
+    config = _text_config(target)
+    return int(config.hidden_size), int(target.vocab_size), int(config.num_hidden_layers)
+
+
+def _medusa_state(config: MedusaConfig, target: LoadedModel, seed: int, scale: float, init: str) -> dict[str, torch.Tensor]:
+    """Medusa's weights under their published names, drawn (or copied from the target) on the host."""
+    with torch.device("meta"):  # shapes only, checked against the memory bound before drawing
+        slots = slots_of(MedusaHeads(config), lambda key: key.removeprefix("heads."))
+    check_memory(slots, "the Medusa heads asked for")
+    generator = torch.Generator().manual_seed(seed)
+    state = {slot.file_key: _random(slot.shape, slot.file_key, generator, scale) for slot in slots}
+    if init == "target":
+        state = _medusa_from_target(state, target, config.medusa_num_layers)
+    return state
+
+
+def _eagle3_config(target: LoadedModel, draft_vocab: int | None) -> Eagle3Config:
+    """An EAGLE-3 config for ``target``: its sizes, a draft vocabulary of its first ``draft_vocab`` ids."""
+    config = _text_config(target)
+    hidden, vocab, layers = _sizes(target)
+    size = vocab if draft_vocab is None else draft_vocab
+    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= vocab:
+        raise ModelError(f"the draft vocabulary must hold 1 to {vocab} ids, got {size!r}")
+    heads = int(config.num_attention_heads)
+    return Eagle3Config(
+        hidden_size=hidden, num_attention_heads=heads,
+        num_key_value_heads=int(getattr(config, "num_key_value_heads", None) or heads),
+        intermediate_size=int(config.intermediate_size), vocab_size=vocab, draft_vocab_size=size,
+        target_hidden_size=hidden, rms_norm_eps=float(getattr(config, "rms_norm_eps", 1e-6)),
+        rope_theta=float(getattr(config, "rope_theta", None) or 10000.0),
+        head_dim=int(getattr(config, "head_dim", None) or hidden // heads),
+        aux_layer_ids=list(default_taps(layers)))
+
+
+def _eagle3_state(config: Eagle3Config, seed: int, scale: float) -> dict[str, torch.Tensor]:
+    """EAGLE-3's weights under their published names, drawn on the host; ``d2t``/``t2d`` map draft id ``i`` to ``i``."""
+    with torch.device("meta"):
+        slots = slots_of(Eagle3Head(config))
+    check_memory(slots, "the EAGLE-3 head asked for")
+    generator = torch.Generator().manual_seed(seed)
+    state = {slot.file_key: _random(slot.shape, slot.file_key, generator, scale) for slot in slots
+             if slot.file_key not in VOCAB_MAP_KINDS}
+    chosen = torch.arange(config.draft_vocab_size, device="cpu")  # a file's tensors: on the host
+    state["d2t"] = chosen - torch.arange(config.draft_vocab_size, device="cpu")  # target id = i + d2t[i]
+    t2d = torch.zeros(config.vocab_size, dtype=torch.bool, device="cpu")
+    t2d[chosen] = True
+    state["t2d"] = t2d
+    return state
+
+
+def _write(out: Path, weights: dict[str, dict[str, torch.Tensor]], config: str) -> None:
+    """Write the files into a hidden sibling folder, then rename it to ``out`` (a new or empty folder);
+    on any failure the sibling is removed and ``out`` is as it was."""
+    from safetensors.torch import save_file
+
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = out.parent / f".{out.name}.partial-{uuid.uuid4().hex[:12]}"
+        staging.mkdir()
+    except OSError as error:
+        raise ModelError(f"cannot create a folder next to {out} ({error.strerror or error.__class__.__name__}): "
+                         "give -o a path in a writable folder") from None
+    try:
+        for name, state in weights.items():
+            save_file({key: value.contiguous() for key, value in state.items()}, str(staging / name))
+        (staging / "config.json").write_text(config)
+        os.replace(staging, out)  # atomic; replaces ``out`` only when it is an empty folder
+    except OSError as error:
+        raise ModelError(f"cannot write the head to {out} ({error.strerror or error.__class__.__name__}): "
+                         "give a new folder on a writable disk with room for it") from None
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def _medusa_from_target(state: dict[str, torch.Tensor], target: LoadedModel, layers: int) -> dict[str, torch.Tensor]:
@@ -130,18 +211,12 @@ def _medusa_from_target(state: dict[str, torch.Tensor], target: LoadedModel, lay
             for key, value in state.items()}
 
 
-def _random(value: torch.Tensor, key: str, generator: torch.Generator, scale: float) -> torch.Tensor:
+def _random(shape: tuple[int, ...], key: str, generator: torch.Generator, scale: float) -> torch.Tensor:
     if key.endswith("norm.weight"):
-        return torch.ones_like(value)
+        return torch.ones(shape, device="cpu")
     if key.endswith("bias"):
-        return torch.zeros_like(value)
-    return torch.randn(value.shape, generator=generator, device=generator.device) * scale
-
-
-def _save(state: dict[str, torch.Tensor], path: Path) -> None:
-    from safetensors.torch import save_file
-
-    save_file({key: value.contiguous() for key, value in state.items()}, str(path))
+        return torch.zeros(shape, device="cpu")
+    return torch.randn(shape, generator=generator, device=generator.device) * scale
 
 
 def _folder(path_or_id: str, local_only: bool = False) -> Path:
@@ -156,87 +231,44 @@ def _folder(path_or_id: str, local_only: bool = False) -> Path:
     try:
         from huggingface_hub import snapshot_download
 
-        return Path(snapshot_download(path_or_id, allow_patterns=["*.json", "*.safetensors", "*.bin", "*.pt"]))
+        return Path(snapshot_download(path_or_id, allow_patterns=["*.json", "*.safetensors"]))
     except Exception as error:  # noqa: BLE001 - any hub failure is one line for the user
         raise ModelError(f"cannot fetch the head {path_or_id!r} from the hub ({error.__class__.__name__}): "
                          "check the id and the network, or give a local folder") from None
 
 
-def _weights(folder: Path, names: list[str]) -> dict[str, torch.Tensor]:
-    for name in names:
-        path = folder / name
-        if not path.is_file():
-            continue
-        try:
-            if name.endswith(".safetensors"):
-                from safetensors.torch import load_file
-
-                return load_file(str(path))
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as error:  # noqa: BLE001 - a corrupt file is one line
-            raise ModelError(f"cannot read {path} ({error.__class__.__name__}): the file is not a checkpoint") from None
-        if not isinstance(state, dict):
-            raise ModelError(f"{path} holds no state dict")
-        return state
-    raise ModelError(f"{folder} has none of {', '.join(names)}: not a head folder")
-
-
-def _config(folder: Path) -> dict[str, Any]:
-    path = folder / "config.json"
-    if not path.is_file() or path.stat().st_size > MAX_CONFIG_BYTES:
-        raise ModelError(f"{folder} has no config.json (or one over 1 MiB): not a head folder")
-    try:
-        raw = json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise ModelError(f"{path} is not JSON") from None
-    if not isinstance(raw, dict):
-        raise ModelError(f"{path} is not a JSON object")
-    return raw
-
-
 def load_head(kind: str, path_or_id: str, target: LoadedModel, local_only: bool = False) -> LoadedHead:
     """The head ``kind`` at ``path_or_id`` (a folder or hub id; ``local_only``: a folder only),
-    checked against ``target``, on its device and dtype."""
+    checked against ``target``, on its device and dtype.
+
+    Nothing is allocated before the config's every field and the weights file's every tensor name,
+    shape and dtype have been checked against the target (``diagnostics.heads.bounds``); the module
+    is built on the meta device and takes the file's tensors as they are read (no second copy)."""
     if kind not in KINDS:
         raise ModelError(f"unknown head kind {kind!r}: use eagle3 or medusa")
     folder = _folder(path_or_id, local_only)
-    raw = _config(folder)
-    config = _text_config(target)
-    layers, hidden, vocab = int(config.num_hidden_layers), int(config.hidden_size), int(target.vocab_size)
-    try:
-        if kind == "medusa":
-            state = _weights(folder, ["medusa_lm_head.safetensors", "medusa_lm_head.pt", "model.safetensors", "pytorch_model.bin"])
-            head_config, state = read_medusa(raw, state)
-            with torch.device("cpu"):  # built where the file's weights are read, then moved to the target's device
-                module: Any = MedusaHeads(head_config)
-            _fits("hidden_size", head_config.hidden_size, hidden)
-            _fits("vocab_size", head_config.vocab_size, vocab)
-            module.load_published(state)
-            taps: tuple[int, ...] = (layers,)
-        else:
-            if ARCHITECTURE not in (raw.get("architectures") or []):
-                raise ModelError(f"{folder}/config.json does not declare {ARCHITECTURE}: not an EAGLE-3 head")
-            if int(raw.get("num_hidden_layers", 1) or 1) != 1:
-                raise ModelError(f"{folder}/config.json has num_hidden_layers {raw.get('num_hidden_layers')}: this lab reads "
-                                 "EAGLE-3 heads of one decoder layer (midlayer), as the EAGLE authors publish them")
-            head_config = Eagle3Config.from_json(raw)
-            _fits("target_hidden_size", head_config.target_hidden_size, hidden)
-            _fits("vocab_size", head_config.vocab_size, vocab)
-            with torch.device("cpu"):  # built where the file's weights are read, then moved to the target's device
-                module = Eagle3Head(head_config)
-            state = _weights(folder, ["model.safetensors", "pytorch_model.bin"])
-            state = {key: value for key, value in state.items() if not key.startswith("embed_tokens")}
-            module.load_state_dict(state, strict=True)
-            _check_vocab_map(module, vocab)
-            taps = tuple(head_config.aux_layer_ids or default_taps(layers))
-            if len(taps) != 3 or not all(0 <= tap <= layers for tap in taps):
-                raise ModelError(f"eagle_aux_hidden_state_layer_ids {list(taps)} must be 3 boundaries in [0, {layers}] "
-                                 f"for this {layers}-layer target")
-    except (KeyError, ValueError, TypeError) as error:
-        if isinstance(error, ModelError):
-            raise
-        message = str(error).splitlines()[0][:300] if str(error) else error.__class__.__name__
-        raise ModelError(f"the {kind} head at {path_or_id} does not fit this target: {message}") from None
+    raw, where = read_config(folder), str(folder / "config.json")
+    hidden, vocab, layers = _sizes(target)
+    if kind == "medusa":
+        head_config: Any
+        head_config, shared = medusa_config(raw, where, hidden, vocab)
+        taps: tuple[int, ...] = (layers,)
+    else:
+        head_config = Eagle3Config.from_json(raw, where, hidden, vocab, layers)
+        taps = tuple(head_config.aux_layer_ids or default_taps(layers))
+    published = _published_slots(kind, head_config)
+    check_memory(published, f"the {kind} head at {path_or_id}")  # from the config alone: nothing opened yet
+    if kind == "medusa":
+        path = weights_file(folder, ["medusa_lm_head.safetensors", "model.safetensors"])
+        tensors = header(path, canonical_medusa_key)
+        slots, ignored = medusa_slots(head_config, set(tensors), shared), medusa_ignored(head_config, shared)
+    else:
+        path = weights_file(folder, ["model.safetensors"])
+        tensors, slots, ignored = header(path), published, ("embed_tokens.weight",)  # embeddings come from the target
+    check_tensors(path, tensors, slots, ignored)
+    module = _assembled(kind, head_config, read_tensors(path, tensors, slots))
+    if kind == "eagle3":
+        _check_vocab_map(module, vocab)
     dtype = next(target.model.parameters()).dtype
     module = module.to(device=target.device, dtype=dtype).eval()
     if kind == "eagle3":
@@ -244,9 +276,24 @@ def load_head(kind: str, path_or_id: str, target: LoadedModel, local_only: bool 
     return LoadedHead(kind, module, taps, f"{kind}:{path_or_id}", module_layers=layers)
 
 
-def _fits(name: str, head: int, target: int) -> None:
-    if head != target:
-        raise ModelError(f"the head's {name} is {head} but the target's is {target}: this head was made for another target")
+VOCAB_MAP_KINDS = {"d2t": "int", "t2d": "bool"}  # EAGLE-3's vocabulary map: integer offsets and a mask
+
+
+def _published_slots(kind: str, config: Any) -> list[Slot]:
+    """The tensors of the head ``config`` describes, under their published names (shapes from a meta-device module)."""
+    with torch.device("meta"):  # shapes only: nothing is allocated
+        if kind == "medusa":
+            return slots_of(MedusaHeads(config), lambda key: key.removeprefix("heads."))
+        return [Slot(slot.module_key, slot.file_key, slot.shape, VOCAB_MAP_KINDS.get(slot.module_key, "float"))
+                for slot in slots_of(Eagle3Head(config))]
+
+
+def _assembled(kind: str, config: Any, state: dict[str, torch.Tensor]) -> Any:
+    """The module of ``config`` built on the meta device, its tensors the checked ``state``."""
+    with torch.device("meta"):
+        module = MedusaHeads(config) if kind == "medusa" else Eagle3Head(config)
+    module.load_state_dict(state, strict=True, assign=True)
+    return module
 
 
 def _check_vocab_map(module: Eagle3Head, vocab: int) -> None:
@@ -257,4 +304,4 @@ def _check_vocab_map(module: Eagle3Head, vocab: int) -> None:
         raise ModelError("the head's d2t and t2d disagree: t2d must mark exactly the target ids i + d2t[i]")
 
 
-__all__ = ["KINDS", "LoadedHead", "load_head", "make_head"]
+__all__ = ["KINDS", "LoadedHead", "MAX_CONFIG_BYTES", "check_medusa_shape", "check_output", "load_head", "make_head"]

@@ -1,6 +1,6 @@
 """Medusa heads, in the published layout (``medusa_lm_head``: ``{k}.{j}.linear.{weight,bias}``, ``{k}.{L}.weight``)
 or in vLLM's (``blocks.{k}.layers.{j}.weight[, bias]``, ``lm_heads.{k}.weight``; config ``num_heads``,
-``num_hidden_layers``), read into one module (``read_medusa``).
+``num_hidden_layers``), read into one module (``medusa_config``, ``medusa_slots``).
 
 Head ``k`` (``0 ≤ k < medusa_num_heads``) maps the target's last hidden state at position ``s``
 (after its final norm, as the base model returns it) through ``medusa_num_layers`` residual
@@ -17,6 +17,9 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from diagnostics.heads.bounds import MAX_MEDUSA_HEADS, MAX_MEDUSA_LAYERS, Slot, flag, same, slots_of, whole
+from diagnostics.models import ModelError
 
 
 @dataclass
@@ -69,42 +72,53 @@ class MedusaHeads(nn.Module):
         """The weights under Medusa's key names (``0.0.linear.weight`` … ``0.{L}.weight``)."""
         return {key.removeprefix("heads."): value for key, value in self.state_dict().items()}
 
-    def load_published(self, state: dict[str, torch.Tensor]) -> None:
-        self.load_state_dict({f"heads.{key}": value for key, value in state.items()}, strict=True)
 
 
-def read_medusa(raw: dict[str, Any], state: dict[str, torch.Tensor]) -> tuple[MedusaConfig, dict[str, torch.Tensor]]:
-    """The config and the published-layout weights of a Medusa checkpoint in either layout.
+def medusa_config(raw: dict[str, Any], where: str, hidden: int, vocab: int) -> tuple[MedusaConfig, bool]:
+    """The checked config of a Medusa checkpoint for a target of width ``hidden`` over ``vocab`` ids, and
+    whether its heads share one ``lm_head`` (vLLM's ``original_lm_head``).
 
     Medusa's own ``config.json`` names only ``medusa_num_heads`` and ``medusa_num_layers`` (the
-    base model gives the rest): the width and vocabulary are then read off the heads' weights.
-    vLLM's layout may leave out the blocks' biases (``medusa_fc_bias`` false: zero) and share one
-    head (``original_lm_head``). A truncated draft vocabulary (vLLM's ``token_map``) is refused:
-    its ``q`` would need the map, which this lab does not read."""
-    state = {key.removeprefix("medusa_heads.").removeprefix("medusa_head."): value for key, value in state.items()}
-    heads = int(raw.get("medusa_num_heads", raw.get("num_heads", 0)) or 0)
-    layers = int(raw.get("medusa_num_layers", raw.get("num_hidden_layers", 1)))
-    if heads < 1 or layers < 0:
-        raise ValueError("config.json names no medusa_num_heads (or num_heads) of at least 1")
-    if "token_map" in state or int(raw.get("truncated_vocab_size") or 0) not in (0, int(raw.get("vocab_size") or 0)):
-        raise ValueError("its heads draft over a truncated vocabulary (token_map), which this lab does not read")
-    if any(key.startswith(("blocks.", "lm_heads.")) for key in state):
-        state = _from_vllm(state, heads, layers, bool(raw.get("original_lm_head")))
-    head = state[f"0.{layers}.weight"]
-    hidden, vocab = int(raw.get("hidden_size") or head.shape[1]), int(raw.get("vocab_size") or head.shape[0])
-    return MedusaConfig(heads, layers, hidden, vocab), state
+    base model gives the rest); ``hidden_size`` and ``vocab_size``, when given, must be the target's.
+    A truncated draft vocabulary (vLLM's ``truncated_vocab_size``, ``token_map``) is refused: its
+    ``q`` would need the map, which this lab does not read."""
+    heads = whole(raw, ("medusa_num_heads", "num_heads"), where, 1, MAX_MEDUSA_HEADS, why="heads (MAX_MEDUSA_HEADS)")
+    layers = whole(raw, ("medusa_num_layers", "num_hidden_layers"), where, 0, MAX_MEDUSA_LAYERS, default=1,
+                   why="residual blocks per head (MAX_MEDUSA_LAYERS)")
+    same("hidden_size", whole(raw, "hidden_size", where, 1, 2**62, default=hidden), hidden)
+    same("vocab_size", whole(raw, "vocab_size", where, 1, 2**62, default=vocab), vocab)
+    if whole(raw, "truncated_vocab_size", where, 0, 2**62, default=0) not in (0, vocab):
+        raise ModelError(f"{where}: its heads draft over a truncated vocabulary (token_map), which this lab does not read")
+    return MedusaConfig(heads, layers, hidden, vocab), flag(raw, "original_lm_head", where)
 
 
-def _from_vllm(state: dict[str, torch.Tensor], heads: int, layers: int, shared: bool) -> dict[str, torch.Tensor]:
-    """vLLM's keys → the published ones (``blocks.k.layers.j`` → ``k.j.linear``, ``lm_heads.k`` → ``k.L``)."""
-    published: dict[str, torch.Tensor] = {}
-    for k in range(heads):
+def canonical_medusa_key(name: str) -> str:
+    """A Medusa file's tensor name without the prefixes some checkpoints carry (``medusa_head.``, ``medusa_heads.``)."""
+    return name.removeprefix("medusa_heads.").removeprefix("medusa_head.")
+
+
+def medusa_slots(config: MedusaConfig, names: set[str], shared: bool) -> list[Slot]:
+    """The tensors ``config`` needs, named as the file names them: Medusa's published keys
+    (``k.j.linear.{weight,bias}``, ``k.L.weight``), or vLLM's when the file has ``blocks.*``/``lm_heads.*``
+    (block biases optional: zero, as with ``medusa_fc_bias`` false; one shared head when ``shared``)."""
+    if "token_map" in names:
+        raise ModelError("the Medusa heads draft over a truncated vocabulary (token_map), which this lab does not read")
+    hidden, vocab, layers = config.hidden_size, config.vocab_size, config.medusa_num_layers
+    if not any(name.startswith(("blocks.", "lm_heads.")) for name in names):
+        with torch.device("meta"):  # shapes only: nothing is allocated
+            return slots_of(MedusaHeads(config), lambda key: key.removeprefix("heads."))
+    slots: list[Slot] = []
+    for k in range(config.medusa_num_heads):
         for j in range(layers):
-            weight = state[f"blocks.{k}.layers.{j}.weight"]
-            published[f"{k}.{j}.linear.weight"] = weight
-            published[f"{k}.{j}.linear.bias"] = state.get(f"blocks.{k}.layers.{j}.bias", torch.zeros(weight.shape[0], dtype=weight.dtype, device=weight.device))
-        published[f"{k}.{layers}.weight"] = state["lm_heads.0.weight" if shared else f"lm_heads.{k}.weight"]
-    return published
+            slots.append(Slot(f"heads.{k}.{j}.linear.weight", f"blocks.{k}.layers.{j}.weight", (hidden, hidden)))
+            slots.append(Slot(f"heads.{k}.{j}.linear.bias", f"blocks.{k}.layers.{j}.bias", (hidden,), optional=True))
+        slots.append(Slot(f"heads.{k}.{layers}.weight", "lm_heads.0.weight" if shared else f"lm_heads.{k}.weight", (vocab, hidden)))
+    return slots
 
 
-__all__ = ["MedusaConfig", "MedusaHeads", "ResBlock", "read_medusa"]
+def medusa_ignored(config: MedusaConfig, shared: bool) -> tuple[str, ...]:
+    """Tensors a shared-head vLLM file may also hold and that are not read (its other ``lm_heads``)."""
+    return tuple(f"lm_heads.{k}.weight" for k in range(1, config.medusa_num_heads)) if shared else ()
+
+
+__all__ = ["MedusaConfig", "MedusaHeads", "ResBlock", "canonical_medusa_key", "medusa_config", "medusa_ignored", "medusa_slots"]
