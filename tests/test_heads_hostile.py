@@ -74,13 +74,27 @@ def _tensors(change: Callable[[dict[str, torch.Tensor]], None]) -> Callable[[Pat
     return mutate
 
 
-def _pickled(name: str) -> Callable[[Path], None]:
-    """Only a pickled checkpoint (``torch.save``) where the safetensors file was."""
+class _RunsCode:
+    """Unpickled by a full unpickler, this would create ``marker``: a weights-only loader must refuse it."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def _pickled(name: str, payload: Callable[[dict, Path], object]) -> Callable[[Path], None]:
+    """A pickled checkpoint (``torch.save``) of ``payload(state, folder)`` where the safetensors file was."""
     def mutate(folder: Path) -> None:
         path = next(folder / weights for weights in WEIGHTS.values() if (folder / weights).is_file())
-        torch.save(load_file(str(path)), folder / name)
+        torch.save(payload(load_file(str(path)), folder), folder / name)
         path.unlink()
     return mutate
+
+
+def _code(state: dict, folder: Path) -> dict:
+    return {**state, "evil": _RunsCode(folder / "ran-code")}
 
 
 def _garbage(folder: Path) -> None:
@@ -114,7 +128,9 @@ CASES: dict[str, tuple[str, Callable[[Path], None], str]] = {
     "medusa negative heads": ("medusa", _config(medusa_num_heads=-4), "medusa_num_heads is -4; it must be 1 to 64"),
     "medusa not an object": ("medusa", _text("[4, 1]"), "is not a JSON object"),
     "medusa config over 1 MiB": ("medusa", _text("{" + " " * (1 << 20) + "}"), "is over 1 MiB"),
-    "medusa pickled weights": ("medusa", _pickled("medusa_lm_head.pt"), "pickled checkpoint, which this lab never unpickles"),
+    "medusa pickle that runs code": ("medusa", _pickled("medusa_lm_head.pt", _code), "with torch's weights-only loader"),
+    "medusa pickled list": ("medusa", _pickled("medusa_lm_head.pt", lambda state, folder: list(state.values())),
+                            "not a flat mapping of tensor names to tensors"),
     "medusa not safetensors": ("medusa", _garbage, "not a safetensors file"),
     "medusa 70,000 tensors": ("medusa", _tensors(lambda state: state.update({f"t{i}": torch.zeros(1) for i in range(70_000)})),
                               "holds 70,012 tensors; a head has at most 65,536"),
@@ -147,7 +163,9 @@ CASES: dict[str, tuple[str, Callable[[Path], None], str]] = {
                            r"'fc\.weight' has shape \[32, 95\] but this target needs \[32, 96\]"),
     "eagle3 missing tensor": ("eagle3", _tensors(lambda state: state.pop("lm_head.weight")), "lacks the tensor 'lm_head.weight'"),
     "eagle3 float d2t": ("eagle3", _tensors(lambda state: state.update(d2t=state["d2t"].float())), "'d2t' is F32; it must be one of I8"),
-    "eagle3 pickled weights": ("eagle3", _pickled("pytorch_model.bin"), "pickled checkpoint, which this lab never unpickles"),
+    "eagle3 pickle that runs code": ("eagle3", _pickled("pytorch_model.bin", _code), "with torch's weights-only loader"),
+    "eagle3 pickled extra tensor": ("eagle3", _pickled("pytorch_model.bin", lambda state, folder: {**state, "stray": torch.zeros(2)}),
+                                    "that this head's config.json has no place for"),
 }
 
 

@@ -8,11 +8,14 @@ and tensor by tensor, against the target, before any module or tensor is allocat
   ``intermediate_size`` is at most ``MAX_INTERMEDIATE_FACTOR`` times the width.
 * the parameters the config asks for are estimated (float32, 4 bytes each) and refused above
   ``MAX_HEAD_BYTES`` or the host's available memory, before anything is built;
-* the weights are safetensors only (a pickle can run code, so ``.pt``/``.bin`` are never
-  unpickled): the header is read without loading (``safe_open``), and every tensor name, shape
-  and dtype is compared with the expected ones; a missing, extra or misshapen tensor is one line
-  naming it (at most ``MAX_TENSORS`` names are looked at). Only then are the expected tensors
-  read, one by one.
+* the weights: safetensors, whose header is read without loading (``safe_open``); or, for heads
+  published only as a pickled ``pytorch_model.bin`` / ``medusa_lm_head.pt``, torch's weights-only
+  unpickler (``torch.load(weights_only=True)``: it rebuilds tensors and plain containers and never
+  calls what a file names, so a pickle cannot run code through it), memory-mapped, at most
+  ``MAX_HEAD_BYTES`` on disk, and refused unless it is a flat mapping of names to tensors. Either
+  way every tensor name, shape and dtype is compared with the expected ones before a module takes
+  them; a missing, extra or misshapen tensor is one line naming it (at most ``MAX_TENSORS`` names
+  are looked at).
 """
 
 from __future__ import annotations
@@ -160,19 +163,43 @@ def check_memory(slots: list[Slot], what: str) -> None:
 
 
 def weights_file(folder: Path, names: list[str]) -> Path:
-    """The first of ``names`` (safetensors files) in ``folder``; a pickled checkpoint is refused, never read."""
+    """The first of ``names`` (safetensors first, then the published pickled names) in ``folder``."""
     for name in names:
         if (folder / name).is_file():
             return folder / name
-    for name in PICKLES:
-        if (folder / name).is_file():
-            stem = "medusa_lm_head" if name.startswith("medusa") else "model"
-            raise ModelError(
-                f"{folder / name} is a pickled checkpoint, which this lab never unpickles (a pickle can run code): convert "
-                f"it once where you trust it, e.g. python -c \"import torch; from safetensors.torch import save_file; "
-                f"save_file(torch.load('{name}', weights_only=True), '{stem}.safetensors')\" in that folder")
-    raise ModelError(f"{folder} has none of {', '.join(names)}: not a head folder (pickled .bin/.pt weights are neither fetched "
-                     "nor read: convert them to safetensors; or make a head with python -m diagnostics make-head)")
+    raise ModelError(f"{folder} has none of {', '.join(names)}: not a head folder (or make a head with "
+                     "python -m diagnostics make-head)")
+
+
+def is_pickled(path: Path) -> bool:
+    return path.name in PICKLES
+
+
+_DTYPE_NAMES = {torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32", torch.float64: "F64", torch.int8: "I8",
+                torch.int16: "I16", torch.int32: "I32", torch.int64: "I64", torch.uint8: "U8", torch.bool: "BOOL"}
+
+
+def load_pickled(path: Path) -> dict[str, torch.Tensor]:
+    """A pickled checkpoint through torch's weights-only unpickler, memory-mapped (tensors are read
+    as they are used): at most ``MAX_HEAD_BYTES`` on disk, a flat ``name → tensor`` mapping of at
+    most ``MAX_TENSORS`` entries; ``ModelError`` (one line) otherwise."""
+    size = path.stat().st_size
+    if size > MAX_HEAD_BYTES:
+        raise ModelError(f"{path} is {size / 2**30:.1f} GiB; a head's weights are at most {MAX_HEAD_BYTES >> 30} GiB")
+    state: Any = None
+    for mmap in (True, False):  # files saved before torch 1.6 cannot be memory-mapped
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+            break
+        except Exception as error:  # noqa: BLE001 - any refusal of the weights-only unpickler is one line
+            reason = str(error).splitlines()[0][:160] if str(error) else error.__class__.__name__
+    if state is None:
+        raise ModelError(f"cannot read {path} with torch's weights-only loader ({reason}): "
+                         "not a checkpoint of plain tensors; convert it to safetensors where you trust it")
+    if not isinstance(state, dict) or len(state) > MAX_TENSORS \
+            or not all(isinstance(key, str) and isinstance(value, torch.Tensor) for key, value in state.items()):
+        raise ModelError(f"{path} is not a flat mapping of tensor names to tensors (at most {MAX_TENSORS:,}): not a head's weights")
+    return state
 
 
 def _open(path: Path) -> Any:
@@ -184,19 +211,29 @@ def _open(path: Path) -> Any:
         raise ModelError(f"cannot read {path} ({error.__class__.__name__}): not a safetensors file") from None
 
 
-def header(path: Path, canonical: Callable[[str], str] = lambda key: key) -> dict[str, tuple[str, tuple[int, ...], str]]:
-    """``canonical name → (name in the file, shape, dtype)`` from the file's header; nothing is loaded."""
+def header(path: Path, canonical: Callable[[str], str] = lambda key: key,
+           pickled: dict[str, torch.Tensor] | None = None) -> dict[str, tuple[str, tuple[int, ...], str]]:
+    """``canonical name → (name in the file, shape, dtype)``: from a safetensors file's header
+    (nothing loaded), or from ``pickled`` (a ``load_pickled`` mapping, memory-mapped)."""
     found: dict[str, tuple[str, tuple[int, ...], str]] = {}
+
+    def add(name: str, shape: tuple[int, ...], dtype: str) -> None:
+        key = canonical(name)
+        if key in found:
+            raise ModelError(f"{path} holds {found[key][0]!r} and {name!r}, the same tensor twice: keep one")
+        found[key] = (name, shape, dtype)
+
+    if pickled is not None:
+        for name, tensor in pickled.items():
+            add(name, tuple(int(size) for size in tensor.shape), _DTYPE_NAMES.get(tensor.dtype, str(tensor.dtype)))
+        return found
     with _open(path) as handle:
         names = handle.keys()
         if len(names) > MAX_TENSORS:
             raise ModelError(f"{path} holds {len(names):,} tensors; a head has at most {MAX_TENSORS:,}: not a head's weights")
         for name in names:
-            key = canonical(name)
-            if key in found:
-                raise ModelError(f"{path} holds {found[key][0]!r} and {name!r}, the same tensor twice: keep one")
             piece = handle.get_slice(name)
-            found[key] = (name, tuple(int(size) for size in piece.get_shape()), str(piece.get_dtype()))
+            add(name, tuple(int(size) for size in piece.get_shape()), str(piece.get_dtype()))
     return found
 
 
@@ -223,9 +260,15 @@ def check_tensors(path: Path, tensors: dict[str, tuple[str, tuple[int, ...], str
             raise ModelError(f"{path}: the tensor {name!r} is {dtype}; it must be one of {', '.join(allowed)}")
 
 
-def read_tensors(path: Path, tensors: dict[str, tuple[str, tuple[int, ...], str]], slots: list[Slot]) -> dict[str, torch.Tensor]:
+def read_tensors(path: Path, tensors: dict[str, tuple[str, tuple[int, ...], str]], slots: list[Slot],
+                 pickled: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """The checked slots' tensors, read one by one (``module_key → tensor``); absent optional ones are zeros."""
     state: dict[str, torch.Tensor] = {}
+    if pickled is not None:
+        for slot in slots:
+            present = slot.file_key in tensors
+            state[slot.module_key] = pickled[tensors[slot.file_key][0]] if present else torch.zeros(slot.shape, device="cpu")
+        return state
     with _open(path) as handle:
         for slot in slots:
             if slot.file_key in tensors:
@@ -236,5 +279,5 @@ def read_tensors(path: Path, tensors: dict[str, tuple[str, tuple[int, ...], str]
 
 
 __all__ = ["MAX_ATTENTION_FACTOR", "MAX_CONFIG_BYTES", "MAX_HEAD_BYTES", "MAX_INTERMEDIATE_FACTOR", "MAX_MEDUSA_HEADS",
-           "MAX_MEDUSA_LAYERS", "MAX_ROPE_THETA", "MAX_TENSORS", "Slot", "check_memory", "check_tensors", "flag", "header", "read_config",
+           "MAX_MEDUSA_LAYERS", "MAX_ROPE_THETA", "MAX_TENSORS", "Slot", "check_memory", "check_tensors", "flag", "header", "is_pickled", "load_pickled", "read_config",
            "read_tensors", "real", "same", "slots_of", "weights_file", "whole"]

@@ -8,8 +8,8 @@
   ``vocab_size`` when given, which must be the target's) and ``medusa_lm_head.safetensors``; or
   vLLM's layout (``num_heads``, ``num_hidden_layers``; ``blocks.*``, ``lm_heads.*`` in ``model.safetensors``).
 
-A head is untrusted input like any checkpoint: safetensors only (a pickled ``.pt``/``.bin`` is
-refused, never unpickled), the config's fields and the file's tensor names, shapes and dtypes
+A head is untrusted input like any checkpoint: safetensors, or a published pickled ``.pt``/``.bin``
+through torch's weights-only unpickler (which runs no code a file names), the config's fields and the file's tensor names, shapes and dtypes
 checked against the target before anything is allocated (``diagnostics.heads.bounds``), one-line
 errors that say what does not fit.
 """
@@ -26,8 +26,9 @@ from typing import Any
 
 import torch
 
-from diagnostics.heads.bounds import (MAX_CONFIG_BYTES, MAX_MEDUSA_HEADS, MAX_MEDUSA_LAYERS, Slot, check_memory,
-                                      check_tensors, header, read_config, read_tensors, slots_of, weights_file)
+from diagnostics.heads.bounds import (MAX_CONFIG_BYTES, MAX_MEDUSA_HEADS, MAX_MEDUSA_LAYERS, PICKLES, Slot, check_memory,
+                                      check_tensors, header, is_pickled, load_pickled, read_config, read_tensors, slots_of,
+                                      weights_file)
 from diagnostics.heads.eagle3 import Eagle3Config, Eagle3Head, default_taps
 from diagnostics.heads.medusa import (MedusaConfig, MedusaHeads, canonical_medusa_key, medusa_config, medusa_ignored,
                                       medusa_slots)
@@ -231,7 +232,7 @@ def _folder(path_or_id: str, local_only: bool = False) -> Path:
     try:
         from huggingface_hub import snapshot_download
 
-        return Path(snapshot_download(path_or_id, allow_patterns=["*.json", "*.safetensors"]))
+        return Path(snapshot_download(path_or_id, allow_patterns=["*.json", "*.safetensors", *PICKLES]))
     except Exception as error:  # noqa: BLE001 - any hub failure is one line for the user
         raise ModelError(f"cannot fetch the head {path_or_id!r} from the hub ({error.__class__.__name__}): "
                          "check the id and the network, or give a local folder") from None
@@ -259,14 +260,16 @@ def load_head(kind: str, path_or_id: str, target: LoadedModel, local_only: bool 
     published = _published_slots(kind, head_config)
     check_memory(published, f"the {kind} head at {path_or_id}")  # from the config alone: nothing opened yet
     if kind == "medusa":
-        path = weights_file(folder, ["medusa_lm_head.safetensors", "model.safetensors"])
-        tensors = header(path, canonical_medusa_key)
+        path = weights_file(folder, ["medusa_lm_head.safetensors", "model.safetensors", "medusa_lm_head.pt", "pytorch_model.bin"])
+        pickled = load_pickled(path) if is_pickled(path) else None
+        tensors = header(path, canonical_medusa_key, pickled)
         slots, ignored = medusa_slots(head_config, set(tensors), shared), medusa_ignored(head_config, shared)
     else:
-        path = weights_file(folder, ["model.safetensors"])
-        tensors, slots, ignored = header(path), published, ("embed_tokens.weight",)  # embeddings come from the target
+        path = weights_file(folder, ["model.safetensors", "pytorch_model.bin"])
+        pickled = load_pickled(path) if is_pickled(path) else None
+        tensors, slots, ignored = header(path, pickled=pickled), published, ("embed_tokens.weight",)  # embeddings come from the target
     check_tensors(path, tensors, slots, ignored)
-    module = _assembled(kind, head_config, read_tensors(path, tensors, slots))
+    module = _assembled(kind, head_config, read_tensors(path, tensors, slots, pickled))
     if kind == "eagle3":
         _check_vocab_map(module, vocab)
     dtype = next(target.model.parameters()).dtype
