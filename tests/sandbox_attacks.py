@@ -329,6 +329,15 @@ def shmem_mb() -> float:
     raise RuntimeError("no Shmem line in /proc/meminfo")
 
 
+def shmem_left_behind(baseline: float, wait_s: float = 5.0) -> float:
+    """Shared memory over ``baseline`` that a finished check leaves on this machine, waiting up to
+    ``wait_s`` for it to go (a dead IPC namespace frees its segments from a kernel work queue)."""
+    deadline = time.monotonic() + wait_s
+    while (left := shmem_mb() - baseline) >= 16 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
 class ShmemPeak:
     """Samples ``shmem_mb`` every 10 ms from ``start`` to ``stop``; ``rise`` is its peak over the start."""
 
@@ -406,7 +415,7 @@ def main(mode: str, output: str, names: list[str]) -> None:
         tracemalloc.stop()
         time.sleep(0.2)  # a signal or connection in flight arrives
         alive = survivors(token)
-        shmem_left = shmem_mb() - shmem.baseline  # what the check left behind on this machine
+        shmem_left = shmem_left_behind(shmem.baseline)
         for pid in alive:  # the control leaves them: clean up
             try:
                 os.kill(pid, signal.SIGKILL)

@@ -11,6 +11,17 @@ bubblewrap (``bwrap``, the sandbox Flatpak uses) builds the child an empty world
 * an empty environment (``PATH``, ``HOME``, ``LANG`` only) and ``python -I -S``;
 * limits set inside, before the program starts (so they count only the sandbox's processes):
   CPU seconds, address space, file size, open files, processes, no core file;
+* a seccomp filter (classic BPF built here, handed to bwrap by ``--seccomp``): the calls in
+  ``DENIED_SYSCALLS`` fail with EPERM: memfds and SysV shared memory, messages and semaphores
+  (memory that is not address space: memfds held 960 MB against the 512 MB limit), io_uring,
+  bpf, perf_event_open, userfaultfd, ptrace and process_vm_readv/writev, pidfd_getfd,
+  process_madvise, the keyring, kernel modules and kexec, mounts, unshare/setns and
+  open_by_handle_at. A call through another architecture's table (``int 0x80``) kills the
+  process; x86_64's x32 numbers fail. Without a table for this machine nothing runs. So the
+  sandbox's memory is bounded by address space (``MEMORY_LIMIT_MB`` per process, at most
+  ``PROCESS_LIMIT`` processes) plus its ``/tmp`` (``TMPFS_MB``; ``/dev`` and so ``/dev/shm``
+  are read-only); kernel objects (pipes, sockets, the inodes of many empty files) are bounded
+  only by the open-file limit, the kernel's per-user limits and the wall clock;
 * ``--die-with-parent`` and ``--new-session``; on the wall-clock limit the sandbox's outer process is
   killed, which kills its PID namespace, so nothing the program forked survives the check,
   pass or fail (also when the program exits first: the namespace ends with it).
