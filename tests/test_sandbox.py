@@ -1,11 +1,15 @@
 """The HumanEval checker's sandbox: every escape attempt of ``sandbox_attacks`` fails or is
-contained, each attack gets out of a plain child process (the negative control), HumanEval's
-canonical solutions still pass, and where bubblewrap is missing or refused nothing runs."""
+contained, each attack gets out of a plain child process (the negative control), and those only
+the seccomp filter stops get out of the sandbox without it (the second control); HumanEval's
+canonical solutions and ordinary programs still run, and where bubblewrap is missing or refused,
+or there is no system call table for this machine, nothing runs."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import struct
 import subprocess
 import sys
 import tempfile
@@ -13,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from sandbox_attacks import ATTACKS, SECRET_VARIABLE, TIME_LIMIT_S
+from sandbox_attacks import ATTACKS, SECRET_VARIABLE, SLOW_ATTACKS, TIME_LIMIT_S, UNFILTERED_CONTROL
 
 import diagnostics.evaluation.sandbox as sandbox
 from diagnostics.evaluation.prompts import humaneval_problems, score
@@ -35,7 +39,7 @@ def require_sandbox() -> None:
 def _run_attacks(mode: str, folder: Path) -> dict[str, dict]:
     output = folder / f"{mode}.json"
     env = {**os.environ, SECRET_VARIABLE: f"speclab-secret-{os.getpid()}"}
-    subprocess.run([sys.executable, str(ATTACK_SCRIPT), mode, str(output)], env=env, check=True, timeout=300)
+    subprocess.run([sys.executable, str(ATTACK_SCRIPT), mode, str(output)], env=env, check=True, timeout=400)
     return json.loads(output.read_text(encoding="utf-8"))
 
 
@@ -50,6 +54,12 @@ def control(tmp_path_factory) -> dict[str, dict]:
     return _run_attacks("naive", tmp_path_factory.mktemp("control"))
 
 
+@pytest.fixture(scope="module")
+def unfiltered(tmp_path_factory) -> dict[str, dict]:
+    require_sandbox()
+    return _run_attacks("unfiltered", tmp_path_factory.mktemp("unfiltered"))
+
+
 # Attacks whose program passes the check on purpose (what they try is judged from outside).
 PASS_ON_PURPOSE = {"double_fork_daemon", "subprocess_and_fork"}
 
@@ -57,14 +67,22 @@ PASS_ON_PURPOSE = {"double_fork_daemon", "subprocess_and_fork"}
 @pytest.mark.parametrize("name", list(ATTACKS))
 def test_every_escape_attempt_fails_or_is_contained(name: str, attacks: dict[str, dict]) -> None:
     """Nothing reaches this machine: no marker file outside, no process left when the check returns
-    (pass or fail), no connection to its loopback, no signal to the caller, its memory bounded."""
+    (pass or fail), no connection to its loopback, no signal to the caller, its memory bounded, its
+    shared memory no more than the private /tmp and none left behind."""
     result = attacks[name]
     assert not result["marker"] and result["survivors"] == 0, result
     assert result["connections"] == 0 and result["signals"] == 0, result
     assert result["peak_mb"] < 16, result  # 1 GB of error output is drained, not kept
-    assert result["seconds"] < TIME_LIMIT_S + 3, result  # the wall-clock limit holds, whatever the program ignores
+    assert result["shmem_mb"] < sandbox.TMPFS_MB + 16 and result["shmem_left_mb"] < 16, result
+    assert result["seconds"] < SLOW_ATTACKS.get(name, TIME_LIMIT_S) + 3, result  # the wall-clock limit holds
     if name == "stderr_1gb":
         assert result["reason"] == "wrote it all", result  # the tail was kept: the last line says why
+    elif name in ("memfd_hoard", "sysv_shm_hoard"):  # refused at once: the host's memory never rose
+        assert result["reason"] == "contained" and result["shmem_mb"] < 16, result
+    elif name == "i386_syscall":  # a foreign system call table: the filter kills the process
+        assert result["reason"] == "killed by signal 31 (a system call the sandbox forbids)", result
+    elif name.startswith("syscall_"):  # the filter answered EPERM, before the kernel could
+        assert result["reason"] == "contained", result
     elif name not in PASS_ON_PURPOSE:
         assert not result["passed"], result
 
@@ -77,10 +95,111 @@ def test_each_attack_gets_out_of_a_plain_child_process(name: str, control: dict[
     if name == "read_shadow" and os.geteuid() != 0:
         pytest.skip("only root reads /etc/shadow, even without a sandbox")
     evidence = {"stderr_1gb": result["peak_mb"] > 200, "write_outside": result["marker"],
+                "memfd_hoard": result["shmem_mb"] > sandbox.MEMORY_LIMIT_MB,
                 "double_fork_daemon": result["survivors"] > 0, "signal_the_parent": result["signals"] > 0,
                 "socket_connect": result["connections"] > 0, "_socket_connect": result["connections"] > 0,
                 "ctypes_connect": result["connections"] > 0}
     assert evidence.get(name, result["passed"]), result
+
+
+@pytest.mark.parametrize("name", sorted(UNFILTERED_CONTROL))
+def test_what_the_filter_stops_gets_out_of_the_sandbox_without_it(name: str, unfiltered: dict[str, dict]) -> None:
+    """The second control: the sandbox as it was before its seccomp filter (rlimits, namespaces)
+    lets shared memory past the 512 MB address-space limit and these system calls reach the
+    kernel; so their failure above is the filter's doing. The private IPC namespace still frees
+    the SysV segments when the check ends."""
+    result = unfiltered[name]
+    if name in ("memfd_hoard", "sysv_shm_hoard"):
+        assert result["shmem_mb"] > sandbox.MEMORY_LIMIT_MB, result
+        assert result["shmem_left_mb"] < 16, result
+    else:
+        assert result["passed"], result
+
+
+def _run_filter(program: bytes, arch: int, number: int) -> int:
+    """What a classic-BPF seccomp program returns for one call: a small interpreter of the four
+    instructions it may use (any other fails the test)."""
+    data = struct.pack("=iIQ6Q", number, arch, 0, *[0] * 6)  # struct seccomp_data
+    instructions = [struct.unpack_from("=HBBI", program, offset) for offset in range(0, len(program), 8)]
+    accumulator, counter = 0, 0
+    while True:
+        code, jump_true, jump_false, value = instructions[counter]
+        counter += 1
+        if code == 0x20:
+            accumulator = struct.unpack_from("=I", data, value)[0]
+        elif code in (0x15, 0x35):
+            taken = accumulator == value if code == 0x15 else accumulator >= value
+            counter += jump_true if taken else jump_false
+        elif code == 0x06:
+            return value
+        else:
+            raise AssertionError(f"unexpected instruction {code:#x}")
+
+
+def test_the_filter_denies_the_listed_calls_and_allows_the_rest(monkeypatch) -> None:
+    """For each architecture: every denied call answers EPERM, ordinary calls (read, write, mmap,
+    clone, execve, exit_group) are allowed, a foreign architecture is killed, and on x86_64 the
+    x32 numbers are denied."""
+    ordinary = {"x86_64": [0, 1, 9, 56, 59, 231], "aarch64": [63, 64, 222, 220, 221, 94]}
+    for machine, (arch, numbers) in sandbox.SYSCALL_TABLES.items():
+        monkeypatch.setattr(sandbox.platform, "machine", lambda machine=machine: machine)
+        program = sandbox.seccomp_filter()
+        assert len(program) % 8 == 0 and len(program) // 8 < 256
+        assert set(numbers) == set(sandbox.DENIED_SYSCALLS)
+        for name in sandbox.DENIED_SYSCALLS:
+            assert _run_filter(program, arch, numbers[name]) == 0x00050001, (machine, name)
+        for number in ordinary[machine]:
+            assert _run_filter(program, arch, number) == 0x7FFF0000, (machine, number)
+        assert _run_filter(program, 0x40000003, 20) == 0x80000000  # AUDIT_ARCH_I386: killed
+        x32_getpid = _run_filter(program, arch, 0x40000000 | 39)
+        assert x32_getpid == (0x00050001 if machine == "x86_64" else 0x7FFF0000), machine
+
+
+@pytest.mark.parametrize("machine, header", [("x86_64", "/usr/include/x86_64-linux-gnu/asm/unistd_64.h"),
+                                             ("x86_64", "/usr/include/asm/unistd_64.h"),
+                                             ("aarch64", "/usr/include/asm-generic/unistd.h")])
+def test_syscall_numbers_match_the_kernel_headers(machine: str, header: str) -> None:
+    """The table's numbers are the kernel's (aarch64 uses the generic table), where the headers are installed."""
+    if not Path(header).exists():
+        pytest.skip(f"{header} is not installed")
+    defined = {name: int(number) for name, number in
+               re.findall(r"#define __NR_(\w+)\s+(\d+)", Path(header).read_text(encoding="utf-8"))}
+    assert sandbox.SYSCALL_TABLES[machine][1] == {name: defined[name] for name in sandbox.DENIED_SYSCALLS}
+
+
+def test_an_unknown_architecture_runs_nothing(fresh_probe, monkeypatch, tmp_path: Path) -> None:
+    """No system call table for this machine: one line saying so, and the program never runs
+    (rather than running unfiltered)."""
+    marker = tmp_path / "ran"
+    monkeypatch.setattr(sandbox.platform, "machine", lambda: "riscv64")
+    with pytest.raises(SandboxUnavailable) as error:
+        sandbox.run_program(f"open({str(marker)!r}, 'w').write('ran')")
+    assert "no system call table for this riscv64 (64-bit) interpreter" in str(error.value)
+    assert "\n" not in str(error.value) and not marker.exists()
+
+
+def test_denied_calls_fail_with_eperm_and_ordinary_programs_run_as_before() -> None:
+    """A program calling ``os.memfd_create`` fails with the errno (a failed check, not a dead
+    sandbox); one that prints, writes and reads /tmp, starts a thread and a child process and
+    imports standard modules passes; one that raises fails with its exception's line."""
+    require_sandbox()
+    memfd = sandbox.run_program("import os\nos.memfd_create('hoard')\n")
+    assert memfd == sandbox.Outcome(False, "PermissionError: [Errno 1] Operation not permitted")
+    ordinary = """
+import collections, hashlib, itertools, json, math, os, re, subprocess, sys, threading
+print("hello")
+with open("/tmp/scratch.txt", "w") as handle:
+    handle.write(json.dumps({"squares": [n * n for n in range(5)]}))
+assert json.loads(open("/tmp/scratch.txt").read())["squares"][-1] == 16
+worker = threading.Thread(target=lambda: hashlib.sha256(b"x").hexdigest())
+worker.start(); worker.join()
+child = subprocess.run([sys.executable, "-I", "-S", "-c", "print(6 * 7)"], capture_output=True, text=True)
+assert child.stdout.strip() == "42", child
+assert math.isclose(math.pi, 3.14159, rel_tol=1e-5) and re.fullmatch(r"a+", "aaa")
+"""
+    assert sandbox.run_program(ordinary) == sandbox.Outcome(True, "passed")
+    assert sandbox.run_program(ordinary + "raise ValueError('wrong answer')\n") == sandbox.Outcome(
+        False, "ValueError: wrong answer")
 
 
 def test_canonical_humaneval_solutions_pass_in_the_sandbox() -> None:

@@ -11,6 +11,17 @@ bubblewrap (``bwrap``, the sandbox Flatpak uses) builds the child an empty world
 * an empty environment (``PATH``, ``HOME``, ``LANG`` only) and ``python -I -S``;
 * limits set inside, before the program starts (so they count only the sandbox's processes):
   CPU seconds, address space, file size, open files, processes, no core file;
+* a seccomp filter (classic BPF built here, handed to bwrap by ``--seccomp``): the calls in
+  ``DENIED_SYSCALLS`` fail with EPERM: memfds and SysV shared memory, messages and semaphores
+  (memory that is not address space: memfds held 960 MB against the 512 MB limit), io_uring,
+  bpf, perf_event_open, userfaultfd, ptrace and process_vm_readv/writev, pidfd_getfd,
+  process_madvise, the keyring, kernel modules and kexec, mounts, unshare/setns and
+  open_by_handle_at. A call through another architecture's table (``int 0x80``) kills the
+  process; x86_64's x32 numbers fail. Without a table for this machine nothing runs. So the
+  sandbox's memory is bounded by address space (``MEMORY_LIMIT_MB`` per process, at most
+  ``PROCESS_LIMIT`` processes) plus its ``/tmp`` (``TMPFS_MB``; ``/dev`` and so ``/dev/shm``
+  are read-only); kernel objects (pipes, sockets, the inodes of many empty files) are bounded
+  only by the open-file limit, the kernel's per-user limits and the wall clock;
 * ``--die-with-parent`` and ``--new-session``; on the wall-clock limit the sandbox's outer process is
   killed, which kills its PID namespace, so nothing the program forked survives the check,
   pass or fail (also when the program exits first: the namespace ends with it).
@@ -28,8 +39,10 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -51,6 +64,103 @@ PROGRAM = "/sandbox/program.py"
 HOW_TO_ENABLE = ("install it (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install bubblewrap) and allow "
                  "unprivileged user namespaces (sysctl user.max_user_namespaces > 0; on Debian "
                  "kernel.unprivileged_userns_clone=1; on Ubuntu 24.04 an AppArmor profile that lets bwrap use them)")
+
+# System calls the sandboxed program may not make: each fails with EPERM (a Python ``OSError``), so
+# the program sees an ordinary error rather than being killed. Grouped by why.
+DENIED_SYSCALLS: tuple[str, ...] = (
+    # memory outside the address-space limit (shmem, SysV IPC and kernel objects are not address
+    # space: a memfd held 960 MB against a 512 MB RLIMIT_AS)
+    "memfd_create", "memfd_secret", "shmget", "shmat", "shmctl", "shmdt", "msgget", "msgsnd", "msgrcv", "msgctl",
+    "semget", "semop", "semtimedop", "semctl", "userfaultfd",
+    # kernel engines a checker never needs, and the usual ways into kernel bugs
+    "io_uring_setup", "io_uring_enter", "io_uring_register", "bpf", "perf_event_open",
+    # other processes' memory
+    "ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "process_madvise",
+    # the kernel keyring (not namespaced)
+    "keyctl", "add_key", "request_key",
+    # kernel code
+    "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module",
+    # mounts and namespaces (bwrap has built the sandbox's; Python never calls these itself)
+    "mount", "umount2", "pivot_root", "chroot", "open_tree", "move_mount", "fsopen", "fsconfig", "fsmount", "fspick",
+    "mount_setattr", "unshare", "setns",
+    # files by handle, around the path checks
+    "open_by_handle_at",
+)
+
+# Their numbers, per architecture: (AUDIT_ARCH_* of <linux/audit.h>, {name: number}). Checked against
+# the kernel headers (x86_64: asm/unistd_64.h; aarch64: asm-generic/unistd.h, which it uses), and
+# by a test wherever those headers are installed.
+SYSCALL_TABLES: dict[str, tuple[int, dict[str, int]]] = {
+    "x86_64": (0xC000003E, {
+        "memfd_create": 319, "memfd_secret": 447, "shmget": 29, "shmat": 30, "shmctl": 31, "shmdt": 67, "msgget": 68,
+        "msgsnd": 69, "msgrcv": 70, "msgctl": 71, "semget": 64, "semop": 65, "semtimedop": 220, "semctl": 66,
+        "userfaultfd": 323, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "bpf": 321,
+        "perf_event_open": 298, "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "pidfd_getfd": 438,
+        "process_madvise": 440, "keyctl": 250, "add_key": 248, "request_key": 249, "kexec_load": 246,
+        "kexec_file_load": 320, "init_module": 175, "finit_module": 313, "delete_module": 176, "mount": 165,
+        "umount2": 166, "pivot_root": 155, "chroot": 161, "open_tree": 428, "move_mount": 429, "fsopen": 430,
+        "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442, "unshare": 272, "setns": 308,
+        "open_by_handle_at": 304}),
+    "aarch64": (0xC00000B7, {
+        "memfd_create": 279, "memfd_secret": 447, "shmget": 194, "shmat": 196, "shmctl": 195, "shmdt": 197,
+        "msgget": 186, "msgsnd": 189, "msgrcv": 188, "msgctl": 187, "semget": 190, "semop": 193, "semtimedop": 192,
+        "semctl": 191, "userfaultfd": 282, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+        "bpf": 280, "perf_event_open": 241, "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271,
+        "pidfd_getfd": 438, "process_madvise": 440, "keyctl": 219, "add_key": 217, "request_key": 218,
+        "kexec_load": 104, "kexec_file_load": 294, "init_module": 105, "finit_module": 273, "delete_module": 106,
+        "mount": 40, "umount2": 39, "pivot_root": 41, "chroot": 51, "open_tree": 428, "move_mount": 429,
+        "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442, "unshare": 97,
+        "setns": 268, "open_by_handle_at": 265}),
+}
+
+# Classic BPF (<linux/filter.h>, <linux/seccomp.h>): the instructions and return values used.
+_BPF_LOAD_WORD = 0x20  # BPF_LD | BPF_W | BPF_ABS: A = seccomp_data[k]
+_BPF_JUMP_EQUAL = 0x15  # BPF_JMP | BPF_JEQ | BPF_K
+_BPF_JUMP_AT_LEAST = 0x35  # BPF_JMP | BPF_JGE | BPF_K
+_BPF_RETURN = 0x06  # BPF_RET | BPF_K
+_SECCOMP_DATA_NR = 0  # offsets in struct seccomp_data
+_SECCOMP_DATA_ARCH = 4
+_SECCOMP_RET_KILL_PROCESS = 0x80000000
+_SECCOMP_RET_ERRNO = 0x00050000
+_SECCOMP_RET_ALLOW = 0x7FFF0000
+_EPERM = 1
+_X32_SYSCALL_BIT = 0x40000000  # x86_64's x32 ABI: the same calls under other numbers
+
+
+def _syscall_table() -> tuple[int, dict[str, int]]:
+    """This machine's audit architecture and syscall numbers; ``SandboxUnavailable`` where there is
+    no table (an unfiltered sandbox would let a memfd past the memory limit)."""
+    machine = platform.machine()
+    if machine not in SYSCALL_TABLES or struct.calcsize("P") != 8:
+        raise SandboxUnavailable(f"generated code runs only inside bubblewrap with a seccomp filter, which has no "
+                                 f"system call table for this {machine or 'unknown'} ({struct.calcsize('P') * 8}-bit) "
+                                 f"interpreter: run checks on x86_64 or aarch64 with a 64-bit Python")
+    return SYSCALL_TABLES[machine]
+
+
+def _instruction(code: int, jump_true: int = 0, jump_false: int = 0, value: int = 0) -> bytes:
+    """One ``struct sock_filter`` {u16 code; u8 jt; u8 jf; u32 k}, in this machine's byte order."""
+    return struct.pack("=HBBI", code, jump_true, jump_false, value)
+
+
+def seccomp_filter() -> bytes:
+    """The compiled filter bwrap installs before the program starts: a foreign architecture (e.g.
+    32-bit calls by ``int 0x80``) kills the process; x32 numbers and ``DENIED_SYSCALLS`` fail with
+    EPERM; everything else is allowed."""
+    audit_arch, numbers = _syscall_table()
+    denied = [numbers[name] for name in DENIED_SYSCALLS]
+    checks = ([(_BPF_JUMP_AT_LEAST, _X32_SYSCALL_BIT)] if audit_arch == SYSCALL_TABLES["x86_64"][0] else [])
+    checks += [(_BPF_JUMP_EQUAL, number) for number in denied]
+    program = [_instruction(_BPF_LOAD_WORD, value=_SECCOMP_DATA_ARCH),
+               _instruction(_BPF_JUMP_EQUAL, 1, 0, audit_arch),
+               _instruction(_BPF_RETURN, value=_SECCOMP_RET_KILL_PROCESS),
+               _instruction(_BPF_LOAD_WORD, value=_SECCOMP_DATA_NR)]
+    for index, (code, value) in enumerate(checks):
+        program.append(_instruction(code, len(checks) - index, 0, value))  # true: past the rest and ALLOW, to DENY
+    program += [_instruction(_BPF_RETURN, value=_SECCOMP_RET_ALLOW),
+                _instruction(_BPF_RETURN, value=_SECCOMP_RET_ERRNO | _EPERM)]
+    return b"".join(program)
+
 
 # Inside the sandbox: set the limits on itself, then become the program (rlimits survive exec).
 _LAUNCHER = """\
@@ -106,13 +216,15 @@ def _interpreter() -> tuple[Path, Path]:
     return executable, prefix
 
 
-def _sandbox_argv(bwrap: str, prefix_source: Path, program_fd: int, time_limit_s: float, memory_mb: int) -> list[str]:
-    """bwrap's command line: namespaces, identity, environment, mounts, then the launcher that sets
-    the limits and runs the program. ``prefix_source``: where bwrap finds the interpreter's folder
-    (the folder itself, or the helper's binding of it when bwrap runs as ``nobody``)."""
+def _sandbox_argv(bwrap: str, prefix_source: Path, program_fd: int, filter_fd: int, time_limit_s: float,
+                  memory_mb: int) -> list[str]:
+    """bwrap's command line: namespaces, identity, environment, the seccomp filter (read from
+    ``filter_fd``), mounts, then the launcher that sets the limits and runs the program.
+    ``prefix_source``: where bwrap finds the interpreter's folder (the folder itself, or the
+    helper's binding of it when bwrap runs as ``nobody``)."""
     executable, prefix = _interpreter()
     argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
-            "--die-with-parent", "--new-session", "--clearenv",
+            "--die-with-parent", "--new-session", "--seccomp", str(filter_fd), "--clearenv",
             "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8"]
     for name in ("/usr/lib", "/usr/lib64", "/lib", "/lib64", "/lib32"):  # the C libraries it loads
         path = Path(name)
@@ -129,7 +241,7 @@ def _sandbox_argv(bwrap: str, prefix_source: Path, program_fd: int, time_limit_s
     return argv + [str(executable), "-I", "-S", "-c", _LAUNCHER, *map(str, limits), PROGRAM]
 
 
-def _command(program_fd: int, staging: Path, time_limit_s: float, memory_mb: int) -> list[str]:
+def _command(program_fd: int, filter_fd: int, staging: Path, time_limit_s: float, memory_mb: int) -> list[str]:
     """The command that starts the sandbox: bwrap itself, or (as root) the helper that hands bwrap
     to uid 65534 with the interpreter bound under ``staging``."""
     bwrap = shutil.which(BWRAP)
@@ -137,11 +249,11 @@ def _command(program_fd: int, staging: Path, time_limit_s: float, memory_mb: int
         raise SandboxUnavailable(_not_installed())
     executable, prefix = _interpreter()
     if os.geteuid() != 0:
-        return _sandbox_argv(bwrap, prefix, program_fd, time_limit_s, memory_mb)
+        return _sandbox_argv(bwrap, prefix, program_fd, filter_fd, time_limit_s, memory_mb)
     mirror = staging / "interpreter"
     mirror.mkdir()
     plan = {"binds": [[str(prefix), str(mirror)]], "uid": SANDBOX_UID,
-            "argv": _sandbox_argv(bwrap, mirror, program_fd, time_limit_s, memory_mb)}
+            "argv": _sandbox_argv(bwrap, mirror, program_fd, filter_fd, time_limit_s, memory_mb)}
     return [str(executable), "-I", "-S", "-c", _DROP_HELPER, json.dumps(plan)]
 
 
@@ -166,16 +278,29 @@ def run_program(source: str, time_limit_s: float = TIME_LIMIT_S, memory_mb: int 
     return _run(source, time_limit_s, memory_mb)
 
 
+def _memory_file(name: str, data: bytes) -> int:
+    """An anonymous file holding ``data``, read from its start: how bwrap is handed the program
+    and the filter (it reads each descriptor to its end)."""
+    descriptor = os.memfd_create(name, 0)
+    view = memoryview(data)
+    while view:  # os.write may write less than asked
+        view = view[os.write(descriptor, view):]
+    os.lseek(descriptor, 0, os.SEEK_SET)
+    return descriptor
+
+
 def _run(source: str, time_limit_s: float, memory_mb: int) -> Outcome:
-    program = os.memfd_create("speclab-program", 0)  # handed to bwrap, which copies it into the sandbox
+    compiled_filter = seccomp_filter()  # before anything is made: no table, nothing runs
+    descriptors: list[int] = []
     staging = Path(tempfile.mkdtemp(prefix="speclab-sandbox-"))
     try:
-        os.write(program, source.encode("utf-8", "surrogatepass"))
-        os.lseek(program, 0, os.SEEK_SET)
+        descriptors.append(program := _memory_file("speclab-program", source.encode("utf-8", "surrogatepass")))
+        descriptors.append(filter_fd := _memory_file("speclab-seccomp", compiled_filter))
         staging.chmod(0o755)  # uid 65534 reaches the helper's binding of the interpreter through it
-        command = _command(program, staging, time_limit_s, memory_mb)
+        command = _command(program, filter_fd, staging, time_limit_s, memory_mb)
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                   pass_fds=(program,), close_fds=True, start_new_session=True, env={"PATH": "/usr/bin:/bin"})
+                                   pass_fds=(program, filter_fd), close_fds=True, start_new_session=True,
+                                   env={"PATH": "/usr/bin:/bin"})
         tail = bytearray()
         reader = threading.Thread(target=_drain, args=(process.stderr, OUTPUT_LIMIT, tail), daemon=True)
         reader.start()
@@ -188,7 +313,8 @@ def _run(source: str, time_limit_s: float, memory_mb: int) -> Outcome:
             reader.join(timeout=5)
             process.stderr.close()
     finally:
-        os.close(program)
+        for descriptor in descriptors:
+            os.close(descriptor)
         shutil.rmtree(staging, ignore_errors=True)
     if status is None:
         return Outcome(False, f"timed out after {time_limit_s:g} s")
@@ -196,7 +322,9 @@ def _run(source: str, time_limit_s: float, memory_mb: int) -> Outcome:
         return Outcome(True, "passed")
     lines = bytes(tail).decode("utf-8", "replace").strip().splitlines()
     if status < 0 or status > 128 and not lines:
-        return Outcome(False, f"killed by signal {abs(status) % 128} (a limit was hit)")
+        number = abs(status) % 128
+        why = "a system call the sandbox forbids" if number == signal.SIGSYS else "a limit was hit"
+        return Outcome(False, f"killed by signal {number} ({why})")
     return Outcome(False, (lines[-1] if lines else f"exit status {status}")[:200])
 
 
@@ -217,6 +345,10 @@ def sandbox_problem() -> str | None:
     able to start a sandbox (tried once per process with a program that checks its own uid)."""
     if shutil.which(BWRAP) is None:
         return _not_installed()
+    try:
+        seccomp_filter()
+    except SandboxUnavailable as error:
+        return str(error)
     try:
         outcome = _run(f"import os\nraise SystemExit(0 if os.getuid() == {SANDBOX_UID} else 'uid ' + str(os.getuid()))\n", 30.0,
                        MEMORY_LIMIT_MB)
