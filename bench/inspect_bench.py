@@ -33,7 +33,7 @@ PROMPT = ("Write a long, detailed essay about the history of sailing ships, from
 
 
 def _record(store, target, tokens: int, seed: int, raw: bool = False) -> str:
-    from diagnostics.models import load_draft
+    from diagnostics.drafts import load_draft
     from diagnostics.runner import RunRequest, record_run
 
     request = RunRequest(prompt=PROMPT, rule="lenience:0.5", draft="early-exit:26", gamma=4, max_new_tokens=tokens, seed=seed,

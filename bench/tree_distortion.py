@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from diagnostics.engine import generate
-    from diagnostics.models import load_draft, load_model
+    from diagnostics.drafts import load_draft
+    from diagnostics.models import load_model
     from diagnostics.rules import split_specs
     from diagnostics.runner import encode_prompt
 

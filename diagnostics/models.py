@@ -343,22 +343,3 @@ def check_vocabularies(target: LoadedModel, draft: LoadedModel) -> None:
             f"{len(only_target)} only in the target, {len(moved)} with different ids (e.g. {example!r}); "
             "use a draft from the same model family"
         )
-
-
-def load_draft(spec: str | None, target: LoadedModel, *, dtype: str = "float32", trust_remote_code: bool = False) -> Any:
-    """Resolve a ``--draft`` value once: a loaded model (``model:``, ``early-exit:``), a loaded head
-    (``eagle3:``, ``medusa:``), an n-gram spec, or ``None``."""
-    if spec is None or spec.strip().lower() in ("", "none", "plain"):
-        return None
-    parsed = parse_draft(spec)
-    if parsed.kind == "ngram":
-        return parsed.spec
-    if parsed.kind == "early-exit":
-        return early_exit_model(target, int(parsed.value))
-    if parsed.kind in ("eagle3", "medusa"):
-        from diagnostics.heads.layout import load_head
-
-        return load_head(parsed.kind, parsed.value, target)
-    loaded = load_model(parsed.value, dtype=dtype, device=target.device, trust_remote_code=trust_remote_code)
-    check_vocabularies(target, loaded)
-    return loaded

@@ -27,7 +27,8 @@ PROMPT = "Write a short poem about the sea at night."
 def _record(db: Path) -> dict:
     from diagnostics.audit import audit_recorded_run
     from diagnostics.audit.reporting import summary_line
-    from diagnostics.models import load_draft, load_model
+    from diagnostics.drafts import load_draft
+    from diagnostics.models import load_model
     from diagnostics.comparison import compare_rules
     from diagnostics.runner import RunRequest
     from diagnostics.store import Store
@@ -51,7 +52,8 @@ def _record(db: Path) -> dict:
 def _record_tree(db: Path) -> dict:
     """A lenience:0.5 tree run (3,2,1, top-k children, early-exit:26) on the embedded model, and a
     position where every candidate was refused (else one where a later candidate was kept)."""
-    from diagnostics.models import load_draft, load_model
+    from diagnostics.drafts import load_draft
+    from diagnostics.models import load_model
     from diagnostics.runner import RunRequest, record_run
     from diagnostics.store import Store
 

@@ -267,7 +267,8 @@ def test_inspect_recomputes_a_stored_head_runs_q(tmp_path) -> None:
     recorded q; the head's folder is named among the models a shared file would make us load."""
     from diagnostics.audit.recorded import audit_recorded_run
     from diagnostics.inspection import RunLaws, draft_model, exact_laws, models_to_load
-    from diagnostics.models import load_draft, load_model
+    from diagnostics.drafts import load_draft
+    from diagnostics.models import load_model
     from diagnostics.runner import RunRequest, record_run
     from diagnostics.store import Store
 

@@ -24,7 +24,8 @@ from diagnostics.engine import EngineError
 from diagnostics.explain import explain_step
 from diagnostics.inspection import position_view, target_spec, tree_node_view
 from diagnostics.metrics import modelled_speedup, modelled_tree_speedup
-from diagnostics.models import ModelError, load_draft
+from diagnostics.drafts import load_draft
+from diagnostics.models import ModelError
 from diagnostics.rules import RuleError, get_rule
 from diagnostics.store import StoreError
 from views.common import (

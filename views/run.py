@@ -8,7 +8,8 @@ import streamlit as st
 
 from diagnostics.charts import token_strip_html
 from diagnostics.engine import EngineError
-from diagnostics.models import ModelError, device_label, load_draft
+from diagnostics.drafts import load_draft
+from diagnostics.models import ModelError, device_label
 from diagnostics.rules import RULES, RuleError, get_rule
 from diagnostics.runner import record_run
 from diagnostics.store import Store, StoreError

@@ -21,7 +21,8 @@ from diagnostics.evaluation.sweeper import (
     run_sweep,
     settings_of,
 )
-from diagnostics.models import ModelError, load_draft
+from diagnostics.drafts import load_draft
+from diagnostics.models import ModelError
 from diagnostics.rules import RuleError, split_specs
 from diagnostics.store import StoreError
 from views.common import (

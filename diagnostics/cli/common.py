@@ -189,7 +189,8 @@ def request_of(args: argparse.Namespace, rule: str):
 
 def prepare(args: argparse.Namespace, rules: list[str]):
     """Validate cheap things first, then load models and open the store."""
-    from diagnostics.models import load_draft, load_model
+    from diagnostics.drafts import load_draft
+    from diagnostics.models import load_model
     from diagnostics.store import Store
 
     requests = [request_of(args, rule) for rule in rules]

@@ -44,7 +44,8 @@ def command_replay(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from diagnostics.inspection import target_spec
-    from diagnostics.models import load_draft, load_model
+    from diagnostics.drafts import load_draft
+    from diagnostics.models import load_model
     from diagnostics.request import request_from_run
     from diagnostics.runner import check_replay_prompt, record_run
     from diagnostics.store import Store, default_db_path

@@ -18,7 +18,8 @@ def command_sweep(args: argparse.Namespace) -> int:
     from diagnostics.evaluation.answers import require_sandbox_for
     from diagnostics.evaluation.settings import checkers_of
     from diagnostics.evaluation.sweeper import base_request, expand_rules, plan_units, run_sweep, settings_of
-    from diagnostics.models import load_draft, load_model
+    from diagnostics.drafts import load_draft
+    from diagnostics.models import load_model
     from diagnostics.runner import encode_prompt
     from diagnostics.store import Store
 

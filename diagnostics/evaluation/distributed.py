@@ -47,7 +47,8 @@ class UnitWorker:
     def __init__(self, target: str, draft: str, options: dict[str, Any]) -> None:
         import torch
 
-        from diagnostics.models import load_draft, load_model
+        from diagnostics.drafts import load_draft
+        from diagnostics.models import load_model
 
         if options.get("threads"):
             torch.set_num_threads(int(options["threads"]))
