@@ -90,13 +90,16 @@ def _collect(args: argparse.Namespace) -> str | None:
                         top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
     out = Path(args.out or f"data/samples-{clock.strftime('%Y%m%d-%H%M%S')}.jsonl")
     for path in (out, _baseline_path(out)):
+        if path.is_symlink():  # dangling or not: never written through
+            raise EndpointError(f"{path} is a symlink: give --out a plain file path")
         if path.exists():
             raise EndpointError(f"{path} exists: give another --out (collected generations are never overwritten)")
+    timeouts = {"timeout_s": args.timeout, "collect_timeout_s": args.collect_timeout}
     tokenize, eos_id = _local_tokenizer(args)
     api_key = os.environ.get("OPENAI_API_KEY")
     collect(args.endpoint, args.model, prompts, out, n=args.n, sampling=sampling, first_seed=args.seed, speculative=True,
             tokenize=tokenize, eos_id=eos_id, rate=args.rate, api_key=api_key, progress=_progress("collecting"),
-            scores_api=args.scores_api if args.oracle == "server" else None, score_logprobs=args.score_logprobs)
+            scores_api=args.scores_api if args.oracle == "server" else None, score_logprobs=args.score_logprobs, **timeouts)
     print(f"collected {len(prompts) * args.n} generations into {out}", file=sys.stderr)
     if args.baseline_endpoint:
         baseline = _baseline_path(out)
@@ -105,7 +108,7 @@ def _collect(args: argparse.Namespace) -> str | None:
         collect(args.baseline_endpoint, args.model, prompts, baseline, n=args.n, sampling=sampling,
                 first_seed=args.seed + len(prompts) * args.n,
                 speculative=False, tokenize=tokenize, eos_id=eos_id, rate=args.rate, api_key=api_key,
-                progress=_progress("collecting the baseline"))
+                progress=_progress("collecting the baseline"), **timeouts)
         args.baseline_samples = str(baseline)
         print(f"collected the baseline into {baseline}", file=sys.stderr)
     return str(out)
@@ -358,6 +361,9 @@ def mutant_names(layer: str) -> list[str]:
 
 def add_parser(commands: Any) -> None:
     """The ``audit`` command's options."""
+    from diagnostics.audit.collect import (COLLECT_TIMEOUT_S, MAX_RAW_BYTES, MAX_REDIRECTS, MAX_RESPONSE_BYTES, RETRIES,
+                                           RETRY_BUDGET, TIMEOUT_S)
+    from diagnostics.audit.samples import MAX_FILE_BYTES
     audit = commands.add_parser(
         "audit", help="losslessness audit: a verification rule, a whole generator (--engine), a recorded run (--run), or all (--all)",
         description="Rule level (default): one verification step on a battery of (p, q) pairs. Engine level (--engine NAME): "
@@ -387,7 +393,18 @@ def add_parser(commands: Any) -> None:
     audit.add_argument("--min-p", type=float, default=None, help="with --endpoint: min-p (off when not given)")
     audit.add_argument("--rate", type=float, default=20.0, help="with --endpoint: at most this many requests per second")
     audit.add_argument("--out", default=None, metavar="FILE.jsonl",
-                       help="with --endpoint: where the generations go, raw responses kept (default data/samples-TIME.jsonl)")
+                       help="with --endpoint: a new plain file (never a symlink) where the generations go, each raw answer "
+                            f"kept whole up to {MAX_RAW_BYTES // 1024} KiB (larger: its head and sha256); the file stops "
+                            f"short of the audit's {MAX_FILE_BYTES // 2**20} MiB limit (default data/samples-TIME.jsonl)")
+    audit.add_argument("--timeout", type=float, default=TIMEOUT_S, metavar="SECONDS",
+                       help=f"with --endpoint: each request's deadline, connect to last byte, however slowly bytes come "
+                            f"(default {TIMEOUT_S:g}); a request's retries (at most {RETRIES}, on 429, 5xx or a refused "
+                            f"connection; a timeout is not retried) all end within {RETRY_BUDGET} × this; redirects are "
+                            f"followed within the endpoint's origin only (at most {MAX_REDIRECTS}), so the API key "
+                            f"($OPENAI_API_KEY) never goes elsewhere; answers are read up to {MAX_RESPONSE_BYTES // 2**20} MiB")
+    audit.add_argument("--collect-timeout", type=float, default=COLLECT_TIMEOUT_S, metavar="SECONDS",
+                       help=f"with --endpoint: the whole collection's deadline, per file (default {COLLECT_TIMEOUT_S:g} = "
+                            f"{COLLECT_TIMEOUT_S / 3600:g} h); what was collected by then is kept")
     audit.add_argument("--oracle", default=None, choices=["server"],
                        help="with --samples or --endpoint: test against the server's own teacher-forced scores (stored per "
                             "token in the file; collected with --scores-api) instead of --target or a baseline")
