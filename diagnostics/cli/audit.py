@@ -144,27 +144,43 @@ def _audit_samples(args: argparse.Namespace, path: str) -> dict:
 
     samples = load_samples(path)
     if args.oracle == "server":
-        from diagnostics.audit.external import audit_scored_samples
-
-        return audit_scored_samples(samples, level=args.level, detect_tv=args.detect_tv, source=str(path)).as_dict()
+        return _audit_scored(args, samples, path)
     if args.baseline_samples:
         baseline = load_samples(args.baseline_samples)
         return two_sample_audit(samples, baseline, level=args.level, detect_tv=args.detect_tv, source=str(path)).as_dict()
     if args.target is None:
         raise AuditError("give --target ID (a local copy of the model the engine served) or --baseline-samples FILE "
                          "(the same engine with speculation off)")
+    target, eos = _local_target(args.target)
+    return audit_samples(samples, target, level=args.level, detect_tv=args.detect_tv, source=str(path), eos=eos,
+                         progress=_progress("teacher forcing")).as_dict()
+
+
+def _audit_scored(args: argparse.Namespace, samples: list, path: str) -> dict:
+    """``--oracle server``: against the scores in the file; with --target, a sample of them is
+    recomputed here first (a disagreement fails the verdict). Either way stderr says what it rests on."""
+    from diagnostics.audit.external import audit_scored_samples
+
+    target = eos = None
+    if args.target is not None:
+        target, eos = _local_target(args.target)
+    result = audit_scored_samples(samples, level=args.level, detect_tv=args.detect_tv, source=str(path), eos=eos,
+                                  target=target, score_tolerance=args.score_tolerance)
+    print(f"note: {result.notes[-1]}", file=sys.stderr)  # the caveat, or the cross-check's finding
+    return result.as_dict()
+
+
+def _local_target(spec: str):
+    """``--target``'s model and EOS ids ('tiny': the random tiny target built here)."""
     from diagnostics.audit.suite import TINY, tiny_setup
     from diagnostics.engine import eos_ids
     from diagnostics.models import load_model
 
-    if args.target == TINY:
+    if spec == TINY:
         setup = tiny_setup()
-        target, eos = setup.target, setup.eos
-    else:
-        target = load_model(args.target, trust_remote_code=False)
-        eos = eos_ids(target, None)
-    return audit_samples(samples, target, level=args.level, detect_tv=args.detect_tv, source=str(path), eos=eos,
-                         progress=_progress("teacher forcing")).as_dict()
+        return setup.target, setup.eos
+    target = load_model(spec, trust_remote_code=False)
+    return target, eos_ids(target, None)
 
 
 def _write_engine_samples(args: argparse.Namespace, implementation: str) -> None:
@@ -364,6 +380,7 @@ def add_parser(commands: Any) -> None:
     from diagnostics.audit.collect import (COLLECT_TIMEOUT_S, MAX_RAW_BYTES, MAX_REDIRECTS, MAX_RESPONSE_BYTES, RETRIES,
                                            RETRY_BUDGET, TIMEOUT_S)
     from diagnostics.audit.samples import MAX_FILE_BYTES
+    from diagnostics.audit.server_scores import CHECKED_POSITIONS, SCORE_TOLERANCE
     audit = commands.add_parser(
         "audit", help="losslessness audit: a verification rule, a whole generator (--engine), a recorded run (--run), or all (--all)",
         description="Rule level (default): one verification step on a battery of (p, q) pairs. Engine level (--engine NAME): "
@@ -412,6 +429,11 @@ def add_parser(commands: Any) -> None:
                        help="with --endpoint --oracle server: ask for scores as vLLM (prompt_logprobs) or SGLang (input_top_logprobs)")
     audit.add_argument("--score-logprobs", type=int, default=20, metavar="K",
                        help="with --oracle server: log-probabilities per token to ask for; the law is exact when top-k <= K")
+    audit.add_argument("--score-tolerance", type=float, default=SCORE_TOLERANCE, metavar="NATS",
+                       help=f"with --oracle server and --target: up to {CHECKED_POSITIONS} positions of the server's scores "
+                            f"are recomputed from --target's raw log-probabilities; a difference above this (default "
+                            f"{SCORE_TOLERANCE:g}: float noise, bfloat16 included) fails the verdict. Without --target the "
+                            "verdict says it rests on the server's scores being true")
     audit.add_argument("--detect-tv", type=float, default=0.05,
                        help="with --samples: the distortion (TV) to rule out; a clean sample too small to detect it is "
                             "'inconclusive', not 'pass'")
