@@ -15,11 +15,24 @@ The traps engines have, and what this does about them:
 * **Scores come after.** With ``scores_api`` (``vllm`` or ``sglang``) each continuation is sent
   back, prompt ids then generated ids, in a separate request that generates nothing, and the
   server's teacher-forced log-probabilities are stored with the sample (``server_scores``).
-* **Untrusted answers.** A response is read up to ``MAX_RESPONSE_BYTES`` and checked field by
-  field; the raw response is kept in the file, so a verdict can be rechecked.
+* **Untrusted answers.** A response is read up to ``MAX_RESPONSE_BYTES``, parsed by
+  ``untrusted_json`` (bounded depth, 64-bit integers, finite numbers) and checked field by field;
+  malformed HTTP (an endless header line, more than 100 headers, a bad status line or chunk, a
+  body cut short) is a one-line ``EndpointError``. A usage count that cannot be true (above
+  max_tokens, unlike the ids returned, zero for a text) is named as the server's error. The raw
+  answer is kept whole up to ``MAX_RAW_BYTES`` (else its size, head and sha256), and the file
+  stops before the loader's ``MAX_FILE_BYTES``: a collected file is always one the audit reads.
+* **Deadlines.** Each request ends within ``timeout_s`` (default ``TIMEOUT_S``) from connect to
+  last byte: a watchdog shuts the socket at the deadline and the body is read in chunks with the
+  socket's timeout set to what is left, so a server dripping a byte at a time cannot hold it (a
+  socket timeout alone restarts at each byte). A timeout is not retried; the retries of one
+  request (``RETRIES``, exponential back-off on a refused connection, 429 and 5xx) all end within
+  ``RETRY_BUDGET`` × ``timeout_s``; a whole collection within ``collect_timeout_s``.
+* **Credentials.** ``Authorization: Bearer`` goes to the endpoint's origin (scheme, host, port)
+  only: a redirect within it is followed (at most ``MAX_REDIRECTS``), one to any other origin is
+  refused with a one-line error, never followed with or without the key.
 
-Requests are retried (``RETRIES``, exponential back-off on a refused connection, a timeout, 429 and
-5xx) and spaced to at most ``rate`` per second; ``seed`` is ``first_seed + i`` per generation.
+Requests are spaced to at most ``rate`` per second; ``seed`` is ``first_seed + i`` per generation.
 """
 
 from __future__ import annotations
@@ -169,7 +182,7 @@ class Client:
             if wait > 0:
                 time.sleep(wait)
             self._last = time.monotonic()
-            deadline = self._attempt_deadline(request_deadline, where)
+            deadline = self._attempt_deadline(request_deadline)
             try:
                 raw = self._exchange(self.base_url + path, data, deadline)
             except _Retry as error:
@@ -191,7 +204,7 @@ class Client:
             raise EndpointError(self._collection_overdue())
         raise EndpointError(f"{failure} (after {attempt + 1} attempts within {RETRY_BUDGET} × --timeout {self.timeout_s:g} s)")
 
-    def _attempt_deadline(self, request_deadline: float, where: str) -> float:
+    def _attempt_deadline(self, request_deadline: float) -> float:
         """This attempt's deadline: the timeout, within the request's and the client's deadlines."""
         now = time.monotonic()
         if self.deadline is not None and now >= self.deadline:

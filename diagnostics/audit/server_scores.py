@@ -25,6 +25,11 @@ sum above 1 (llama.cpp's ``logprob: 0.0`` placeholders; processed rather than ra
 Leaving a position out depends on the history only, never on ``y_t``, so the PITs kept stay
 exactly uniform. Other settings (a temperature other than 1 without top-k, top-p without top-k)
 need the whole vocabulary's normaliser: the audit says so and asks for the local target.
+
+Trust: the scores come from the server under audit. A biased engine whose server forges scores
+consistent with its own outputs passes, so every verdict states that it rests on them
+(``TRUST_CAVEAT``); with the local target, ``cross_check`` recomputes up to ``CHECKED_POSITIONS``
+of them and a difference above ``SCORE_TOLERANCE`` fails the verdict.
 """
 
 from __future__ import annotations

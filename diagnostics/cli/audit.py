@@ -120,7 +120,9 @@ def _baseline_path(out: Path) -> Path:
 
 def _local_tokenizer(args: argparse.Namespace):
     """With --target: its tokenizer and EOS id here (else the server's tokenizer, and no EOS id)."""
-    if args.target is None:
+    from diagnostics.audit.suite import TINY
+
+    if args.target is None or args.target == TINY:  # the tiny target has no tokenizer (and is no hub id to fetch)
         return None, None
     from diagnostics.models import load_model
 
