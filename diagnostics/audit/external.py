@@ -97,6 +97,8 @@ class ExternalAudit:
     settings: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     layer: str = "external"
+    rests_on: str | None = None  # what the verdict takes on trust (the server's scores, with --oracle server)
+    score_check: dict | None = None  # the server's scores against --target (``server_scores.cross_check``)
 
     @property
     def implementation(self) -> str:
@@ -268,11 +270,16 @@ def _checked(level: float, detect_tv: float) -> None:
 
 
 def audit_scored_samples(samples: list[Sample], *, level: float = 0.01, detect_tv: float = DEFAULT_DETECT_TV,
-                         source: str = "samples", eos: set[int] | None = None) -> ExternalAudit:
+                         source: str = "samples", eos: set[int] | None = None, target: Any = None,
+                         score_tolerance: float | None = None) -> ExternalAudit:
     """One-sample audit of ``samples`` against the server's own teacher-forced scores stored in
     them (``server_scores``): the same tests as ``audit_samples``, with each token's PIT from its
-    scores (exact where the declared law is settled by the top-k returned, see ``server_scores``)."""
-    from diagnostics.audit.server_scores import scored_pits
+    scores (exact where the declared law is settled by the top-k returned, see ``server_scores``).
+
+    The verdict rests on the scores being the engine's true target law (``rests_on`` says so): a
+    server that forges scores to match its outputs passes. With ``target``, a sample of the scores
+    is recomputed here (``server_scores.cross_check``) and a disagreement fails the verdict."""
+    from diagnostics.audit.server_scores import SCORE_TOLERANCE, TRUST_CAVEAT, cross_check, scored_pits
 
     _checked(level, detect_tv)
     started = time.perf_counter()
@@ -294,6 +301,24 @@ def audit_scored_samples(samples: list[Sample], *, level: float = 0.01, detect_t
         result.notes.append(f"{scored.unscored} generations carry no scores and were left out")
     if unknown:
         result.notes.append(unknown_note(unknown))
+    if target is None:
+        result.rests_on = TRUST_CAVEAT
+        result.notes.append(TRUST_CAVEAT)
+        return result
+    cache: dict[str, list[int]] = {}
+    check = cross_check(samples, target, lambda sample: _prompt_ids(target, sample, cache)[0],
+                        tolerance=SCORE_TOLERANCE if score_tolerance is None else score_tolerance)
+    result.score_check = asdict(check)
+    if not check.positions:
+        result.rests_on = TRUST_CAVEAT
+        result.notes.append("the server's scores could not be cross-checked against --target (no checkable position); "
+                            + TRUST_CAVEAT)
+        return result
+    result.rests_on = (f"the server's scores being its engine's true target law, cross-checked against --target at "
+                       f"{check.positions} positions")
+    result.notes.append(check.sentence())
+    if not check.agrees:
+        result.verdict = "fail"
     return result
 
 

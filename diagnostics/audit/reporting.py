@@ -43,6 +43,10 @@ def summary_line(result: dict[str, Any]) -> str:
         distortion = result.get("distortion")
         estimate = ("" if distortion is None else
                     f" · distortion {distortion:.3f} [{_number(result.get('distortion_low'), '.3f')}, {_number(result.get('distortion_high'), '.3f')}]")
+        if result.get("rests_on"):  # --oracle server: the verdict is only as honest as the server's scores
+            checked = result.get("score_check") or {}
+            verdict += (f" (rests on the server's scores; cross-checked against --target at {checked['positions']} positions)"
+                        if checked.get("positions") else " (rests on the server's scores being true, unchecked)")
         return (f"external · {result['implementation']} · {verdict} · {result['tokens']:,} tokens from {result['generations']} "
                 f"generations of {result['prompts']} prompts · p = {_number(result['p_value'])} · detects TV ≥ "
                 f"{_number(result['detectable_tv'], '.3f')}{estimate} · {reasons}")
@@ -128,7 +132,9 @@ EVIDENCE_FIELDS: dict[str, dict[str, Any]] = {
                  "distortion?": _optional_number, "distortion_low?": _optional_number, "distortion_high?": _optional_number,
                  "bin_counts?": _list_of(_whole), "positions?": _list_of(_POSITION_TEST),
                  "worst_prompts?": _list_of({"prompt": _text, "generations": _whole, "tokens": _whole,
-                                             "p_value": _optional_number, "adjusted_p": _optional_number})},
+                                             "p_value": _optional_number, "adjusted_p": _optional_number}),
+                 "rests_on?": lambda value: value is None or _text(value),
+                 "score_check?": lambda value: value is None or (isinstance(value, dict) and _whole(value.get("positions")))},
     "recorded": {**_COMMON, "run_id": _text, "positions": _whole, "acceptance_z": _optional_number,
                  "max_p_difference": _optional_number, "flags": _list_of(_FLAG), "worst_positions?": _list_of(_WORST)},
 }

@@ -25,6 +25,11 @@ sum above 1 (llama.cpp's ``logprob: 0.0`` placeholders; processed rather than ra
 Leaving a position out depends on the history only, never on ``y_t``, so the PITs kept stay
 exactly uniform. Other settings (a temperature other than 1 without top-k, top-p without top-k)
 need the whole vocabulary's normaliser: the audit says so and asks for the local target.
+
+Trust: the scores come from the server under audit. A biased engine whose server forges scores
+consistent with its own outputs passes, so every verdict states that it rests on them
+(``TRUST_CAVEAT``); with the local target, ``cross_check`` recomputes up to ``CHECKED_POSITIONS``
+of them and a difference above ``SCORE_TOLERANCE`` fails the verdict.
 """
 
 from __future__ import annotations
@@ -42,6 +47,12 @@ from diagnostics.audit.samples import MAX_ID, Sample, SamplesError
 from diagnostics.policy import Policy, probabilities
 
 MAX_TOP = 1024  # returned log-probabilities per position that a file may hold
+CHECKED_POSITIONS = 200  # positions whose scores a cross-check against --target recomputes (at most 200 generations' forwards)
+# Largest |ℓ_server − ℓ_target| (nats) taken as float noise: float32 implementations agree to ~1e-4;
+# a bfloat16 server's logits round to 2^-8 relative (≈ 0.03 nats at a logit of 8). 0.05 nats moves a
+# probability by 5%, the size of distortion the audit is asked to detect by default (--detect-tv 0.05).
+SCORE_TOLERANCE = 0.05
+COMPARED_FLOOR = math.log(1e-4)  # entries both sides give less probability carry no mass the audit tests
 SUM_TOLERANCE = 1e-3  # Σ exp ℓ over the returned entries may exceed 1 by this (float32 servers)
 OK, MISSING, IMPOSSIBLE = "ok", "missing", "impossible"
 
@@ -245,6 +256,115 @@ def scores_from_sglang(answer: Any, tokens: list[int]) -> list[PositionScores | 
     return scores
 
 
+TRUST_CAVEAT = ("this verdict rests on the server's scores being its engine's true target law: a server that forges "
+                "scores consistent with its own outputs passes; give --target to cross-check them")
+
+
+@dataclass
+class ScoreCheck:
+    """The server's scores against the local target's raw log-probabilities at ``positions`` positions."""
+
+    positions: int
+    entries: int
+    max_difference: float
+    disagreeing: int  # positions where some entry differs by more than ``tolerance``
+    tolerance: float
+    worst: str = ""
+
+    @property
+    def agrees(self) -> bool:
+        return self.disagreeing == 0
+
+    def sentence(self) -> str:
+        if self.agrees:
+            return (f"server scores cross-checked against --target at {self.positions} positions: max |Δ log p| = "
+                    f"{self.max_difference:.2g} <= {self.tolerance:g}")
+        return (f"server scores disagree with --target: max |Δ log p| = {self.max_difference:.3g} at {self.disagreeing} of "
+                f"{self.positions} positions checked (tolerance {self.tolerance:g} nats; {self.worst}): the server's "
+                "scores are not the target's law, so a verdict against them means nothing")
+
+
+def _checkable(scores: PositionScores | None) -> bool:
+    """Scores the audit uses (``position_pit`` leaves the rest out, so they are not checked either)."""
+    if scores is None or scores.token_logprob is None or not scores.top or len(dict(scores.top)) != len(scores.top):
+        return False
+    return math.log(sum(math.exp(lp) for _, lp in scores.top)) <= math.log1p(SUM_TOLERANCE)
+
+
+def _chosen_positions(samples: list[Sample], limit: int, seed: int = 0) -> dict[int, list[int]]:
+    """Up to ``limit`` checkable positions drawn at random (seeded) from all the file's positions:
+    spread over generations and positions alike (evenly spaced picks would alias with a fixed length)."""
+    lengths = np.array([len(sample.scores) if sample.scores else 0 for sample in samples], dtype=np.int64)
+    total = int(lengths.sum())
+    if total == 0 or limit < 1:
+        return {}
+    ends = np.cumsum(lengths)
+    picks = np.unique(np.random.default_rng(seed).integers(0, total, size=min(limit, total) * 2))
+    chosen: dict[int, list[int]] = {}
+    count = 0
+    for flat in np.random.default_rng(seed + 1).permutation(picks):
+        index = int(np.searchsorted(ends, flat, side="right"))
+        position = int(flat - (ends[index] - lengths[index]))
+        if _checkable(samples[index].scores[position]):
+            chosen.setdefault(index, []).append(position)
+            count += 1
+            if count == limit:
+                break
+    return {index: sorted(positions) for index, positions in sorted(chosen.items())}
+
+
+@torch.inference_mode()
+def cross_check(samples: list[Sample], target: Any, prompt_ids_of: Any, *, limit: int = CHECKED_POSITIONS,
+                tolerance: float = SCORE_TOLERANCE) -> ScoreCheck:
+    """The server's scores at up to ``limit`` positions (drawn at random, seeded) against ``target``'s raw log-probabilities
+    there (teacher forcing; generations of one length share a forward). Raw against raw: the audit applies each
+    sample's declared policy to the raw scores, so raw agreement within ``tolerance`` is agreement
+    of the declared law. An entry is compared where either side gives it probability >= 1e-4;
+    an id outside the target's vocabulary is a disagreement."""
+    from diagnostics.engine.drafting import fit_vocabulary
+    from diagnostics.models import float_logits
+
+    if not (math.isfinite(tolerance) and tolerance > 0):
+        raise SamplesError(f"the score tolerance must be a number > 0 (nats), got {tolerance}")
+    longest = getattr(getattr(target.model, "config", None), "max_position_embeddings", None)
+    check = ScoreCheck(0, 0, 0.0, 0, tolerance)
+    by_length: dict[int, list[tuple[int, list[int], list[int]]]] = {}
+    for index, positions in _chosen_positions(samples, limit).items():
+        prompt = list(prompt_ids_of(samples[index]))
+        length = len(prompt) + len(samples[index].token_ids)
+        if prompt and not (longest and length > longest):
+            by_length.setdefault(length, []).append((index, prompt, positions))
+    for length, rows in sorted(by_length.items()):  # generations of one length share a forward (at most limit rows)
+        ids = torch.tensor([prompt + list(samples[index].token_ids) for index, prompt, _ in rows], device=target.device)
+        logits = float_logits(target.model(input_ids=ids, use_cache=False).logits).cpu()
+        laws = torch.log_softmax(fit_vocabulary(logits, target.vocab_size).double(), dim=-1)
+        for row, (index, prompt, positions) in enumerate(rows):
+            sample = samples[index]
+            for position in positions:
+                _compare(check, laws[row, len(prompt) - 1 + position], sample.scores[position], sample.token_ids[position],
+                         index, position)
+    return check
+
+
+def _compare(check: ScoreCheck, law: torch.Tensor, scores: PositionScores, token: int, generation: int, position: int) -> None:
+    """Adds one position's entries (the emitted token and the top returned) to ``check``."""
+    worst = 0.0
+    for token_id, logprob in ((token, scores.token_logprob), *scores.top):
+        ours = float(law[token_id]) if token_id < law.numel() else -math.inf
+        if max(ours, logprob) < COMPARED_FLOOR:
+            continue
+        difference = abs(ours - logprob) if math.isfinite(ours) else math.inf
+        check.entries += 1
+        if difference > worst:
+            worst = difference
+            if difference > check.max_difference:
+                check.max_difference = difference
+                check.worst = (f"generation {generation + 1}, position {position}, token {token_id}: server "
+                               f"{logprob:.4g}, target {ours:.4g}")
+    check.positions += 1
+    check.disagreeing += worst > check.tolerance
+
+
 SCORE_APIS = ("vllm", "sglang")
 
 
@@ -258,5 +378,6 @@ def score_request(api: str, model: str, ids: list[int], k: int) -> tuple[str, di
     raise SamplesError(f"unknown scores API {api!r}: use one of {', '.join(SCORE_APIS)}")
 
 
-__all__ = ["MISSING", "OK", "IMPOSSIBLE", "PositionScores", "SCORE_APIS", "ScoredPits", "parse_scores", "position_pit",
+__all__ = ["CHECKED_POSITIONS", "MISSING", "OK", "IMPOSSIBLE", "PositionScores", "SCORE_APIS", "SCORE_TOLERANCE", "ScoreCheck",
+           "ScoredPits", "TRUST_CAVEAT", "cross_check", "parse_scores", "position_pit",
            "score_request", "scored_pits", "scores_from_sglang", "scores_from_vllm", "unsupported"]

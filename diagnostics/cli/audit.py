@@ -90,13 +90,16 @@ def _collect(args: argparse.Namespace) -> str | None:
                         top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
     out = Path(args.out or f"data/samples-{clock.strftime('%Y%m%d-%H%M%S')}.jsonl")
     for path in (out, _baseline_path(out)):
+        if path.is_symlink():  # dangling or not: never written through
+            raise EndpointError(f"{path} is a symlink: give --out a plain file path")
         if path.exists():
             raise EndpointError(f"{path} exists: give another --out (collected generations are never overwritten)")
+    timeouts = {"timeout_s": args.timeout, "collect_timeout_s": args.collect_timeout}
     tokenize, eos_id = _local_tokenizer(args)
     api_key = os.environ.get("OPENAI_API_KEY")
     collect(args.endpoint, args.model, prompts, out, n=args.n, sampling=sampling, first_seed=args.seed, speculative=True,
             tokenize=tokenize, eos_id=eos_id, rate=args.rate, api_key=api_key, progress=_progress("collecting"),
-            scores_api=args.scores_api if args.oracle == "server" else None, score_logprobs=args.score_logprobs)
+            scores_api=args.scores_api if args.oracle == "server" else None, score_logprobs=args.score_logprobs, **timeouts)
     print(f"collected {len(prompts) * args.n} generations into {out}", file=sys.stderr)
     if args.baseline_endpoint:
         baseline = _baseline_path(out)
@@ -105,7 +108,7 @@ def _collect(args: argparse.Namespace) -> str | None:
         collect(args.baseline_endpoint, args.model, prompts, baseline, n=args.n, sampling=sampling,
                 first_seed=args.seed + len(prompts) * args.n,
                 speculative=False, tokenize=tokenize, eos_id=eos_id, rate=args.rate, api_key=api_key,
-                progress=_progress("collecting the baseline"))
+                progress=_progress("collecting the baseline"), **timeouts)
         args.baseline_samples = str(baseline)
         print(f"collected the baseline into {baseline}", file=sys.stderr)
     return str(out)
@@ -117,7 +120,9 @@ def _baseline_path(out: Path) -> Path:
 
 def _local_tokenizer(args: argparse.Namespace):
     """With --target: its tokenizer and EOS id here (else the server's tokenizer, and no EOS id)."""
-    if args.target is None:
+    from diagnostics.audit.suite import TINY
+
+    if args.target is None or args.target == TINY:  # the tiny target has no tokenizer (and is no hub id to fetch)
         return None, None
     from diagnostics.models import load_model
 
@@ -141,27 +146,43 @@ def _audit_samples(args: argparse.Namespace, path: str) -> dict:
 
     samples = load_samples(path)
     if args.oracle == "server":
-        from diagnostics.audit.external import audit_scored_samples
-
-        return audit_scored_samples(samples, level=args.level, detect_tv=args.detect_tv, source=str(path)).as_dict()
+        return _audit_scored(args, samples, path)
     if args.baseline_samples:
         baseline = load_samples(args.baseline_samples)
         return two_sample_audit(samples, baseline, level=args.level, detect_tv=args.detect_tv, source=str(path)).as_dict()
     if args.target is None:
         raise AuditError("give --target ID (a local copy of the model the engine served) or --baseline-samples FILE "
                          "(the same engine with speculation off)")
+    target, eos = _local_target(args.target)
+    return audit_samples(samples, target, level=args.level, detect_tv=args.detect_tv, source=str(path), eos=eos,
+                         progress=_progress("teacher forcing")).as_dict()
+
+
+def _audit_scored(args: argparse.Namespace, samples: list, path: str) -> dict:
+    """``--oracle server``: against the scores in the file; with --target, a sample of them is
+    recomputed here first (a disagreement fails the verdict). Either way stderr says what it rests on."""
+    from diagnostics.audit.external import audit_scored_samples
+
+    target = eos = None
+    if args.target is not None:
+        target, eos = _local_target(args.target)
+    result = audit_scored_samples(samples, level=args.level, detect_tv=args.detect_tv, source=str(path), eos=eos,
+                                  target=target, score_tolerance=args.score_tolerance)
+    print(f"note: {result.notes[-1]}", file=sys.stderr)  # the caveat, or the cross-check's finding
+    return result.as_dict()
+
+
+def _local_target(spec: str):
+    """``--target``'s model and EOS ids ('tiny': the random tiny target built here)."""
     from diagnostics.audit.suite import TINY, tiny_setup
     from diagnostics.engine import eos_ids
     from diagnostics.models import load_model
 
-    if args.target == TINY:
+    if spec == TINY:
         setup = tiny_setup()
-        target, eos = setup.target, setup.eos
-    else:
-        target = load_model(args.target, trust_remote_code=False)
-        eos = eos_ids(target, None)
-    return audit_samples(samples, target, level=args.level, detect_tv=args.detect_tv, source=str(path), eos=eos,
-                         progress=_progress("teacher forcing")).as_dict()
+        return setup.target, setup.eos
+    target = load_model(spec, trust_remote_code=False)
+    return target, eos_ids(target, None)
 
 
 def _write_engine_samples(args: argparse.Namespace, implementation: str) -> None:
@@ -358,6 +379,10 @@ def mutant_names(layer: str) -> list[str]:
 
 def add_parser(commands: Any) -> None:
     """The ``audit`` command's options."""
+    from diagnostics.audit.collect import (COLLECT_TIMEOUT_S, MAX_RAW_BYTES, MAX_REDIRECTS, MAX_RESPONSE_BYTES, RETRIES,
+                                           RETRY_BUDGET, TIMEOUT_S)
+    from diagnostics.audit.samples import MAX_FILE_BYTES
+    from diagnostics.audit.server_scores import CHECKED_POSITIONS, SCORE_TOLERANCE
     audit = commands.add_parser(
         "audit", help="losslessness audit: a verification rule, a whole generator (--engine), a recorded run (--run), or all (--all)",
         description="Rule level (default): one verification step on a battery of (p, q) pairs. Engine level (--engine NAME): "
@@ -387,7 +412,18 @@ def add_parser(commands: Any) -> None:
     audit.add_argument("--min-p", type=float, default=None, help="with --endpoint: min-p (off when not given)")
     audit.add_argument("--rate", type=float, default=20.0, help="with --endpoint: at most this many requests per second")
     audit.add_argument("--out", default=None, metavar="FILE.jsonl",
-                       help="with --endpoint: where the generations go, raw responses kept (default data/samples-TIME.jsonl)")
+                       help="with --endpoint: a new plain file (never a symlink) where the generations go, each raw answer "
+                            f"kept whole up to {MAX_RAW_BYTES // 1024} KiB (larger: its head and sha256); the file stops "
+                            f"short of the audit's {MAX_FILE_BYTES // 2**20} MiB limit (default data/samples-TIME.jsonl)")
+    audit.add_argument("--timeout", type=float, default=TIMEOUT_S, metavar="SECONDS",
+                       help=f"with --endpoint: each request's deadline, connect to last byte, however slowly bytes come "
+                            f"(default {TIMEOUT_S:g}); a request's retries (at most {RETRIES}, on 429, 5xx or a refused "
+                            f"connection; a timeout is not retried) all end within {RETRY_BUDGET} × this; redirects are "
+                            f"followed within the endpoint's origin only (at most {MAX_REDIRECTS}), so the API key "
+                            f"($OPENAI_API_KEY) never goes elsewhere; answers are read up to {MAX_RESPONSE_BYTES // 2**20} MiB")
+    audit.add_argument("--collect-timeout", type=float, default=COLLECT_TIMEOUT_S, metavar="SECONDS",
+                       help=f"with --endpoint: the whole collection's deadline, per file (default {COLLECT_TIMEOUT_S:g} = "
+                            f"{COLLECT_TIMEOUT_S / 3600:g} h); what was collected by then is kept")
     audit.add_argument("--oracle", default=None, choices=["server"],
                        help="with --samples or --endpoint: test against the server's own teacher-forced scores (stored per "
                             "token in the file; collected with --scores-api) instead of --target or a baseline")
@@ -395,6 +431,11 @@ def add_parser(commands: Any) -> None:
                        help="with --endpoint --oracle server: ask for scores as vLLM (prompt_logprobs) or SGLang (input_top_logprobs)")
     audit.add_argument("--score-logprobs", type=int, default=20, metavar="K",
                        help="with --oracle server: log-probabilities per token to ask for; the law is exact when top-k <= K")
+    audit.add_argument("--score-tolerance", type=float, default=SCORE_TOLERANCE, metavar="NATS",
+                       help=f"with --oracle server and --target: up to {CHECKED_POSITIONS} positions of the server's scores "
+                            f"are recomputed from --target's raw log-probabilities; a difference above this (default "
+                            f"{SCORE_TOLERANCE:g}: float noise, bfloat16 included) fails the verdict. Without --target the "
+                            "verdict says it rests on the server's scores being true")
     audit.add_argument("--detect-tv", type=float, default=0.05,
                        help="with --samples: the distortion (TV) to rule out; a clean sample too small to detect it is "
                             "'inconclusive', not 'pass'")
