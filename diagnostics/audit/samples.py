@@ -290,7 +290,7 @@ def load_samples(path: str | os.PathLike) -> list[Sample]:
 def _line_object(line: bytes, where: str) -> Any:
     """One line's JSON (bounded: ``untrusted_json``); a one-line ``SamplesError`` naming ``where`` otherwise."""
     try:
-        return loads(line, where)
+        return loads(line, where, allow_non_finite=True)  # -Infinity: a log-probability; each field is checked after
     except UntrustedJSONError as error:
         detail = str(error).removeprefix(where).lstrip(": ")
         if detail.startswith(("not valid JSON", "not UTF-8")):

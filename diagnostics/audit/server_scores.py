@@ -88,6 +88,9 @@ def parse_scores(value: Any, tokens: int, where: str) -> list[PositionScores | N
             if logprob is None:
                 raise SamplesError(f"{where}: scores[{position}].top has a null log-probability")
             top.append((item[0], logprob))
+        if top and not sum(math.exp(logprob) for _, logprob in top) > 0:  # log of 0 later: "math domain error"
+            raise SamplesError(f"{where}: scores[{position}].top gives every listed id log-probability -inf (probability 0), "
+                               "so it is no law's top: collect the scores again")
         parsed.append(PositionScores(_logprob(entry.get("logprob"), where), tuple(top)))
     return parsed
 
@@ -124,7 +127,7 @@ def position_pit(scores: PositionScores | None, token: int, policy: Policy, gene
     if len(top) != len(scores.top):
         return MISSING, None  # an id listed twice: not a top-k list
     logprobs = np.array(list(top.values()), dtype=np.float64)
-    if math.log(np.exp(logprobs).sum()) > math.log1p(SUM_TOLERANCE):
+    if not 0 < np.exp(logprobs).sum() <= 1 + SUM_TOLERANCE:
         return MISSING, None  # placeholders (llama.cpp's 0.0) or not log-probabilities of one law
     ranked = sorted(top.items(), key=lambda item: (-item[1], item[0]))
     if policy.greedy:
