@@ -64,7 +64,7 @@ def plan_group(rules: str | list[str], seeds: list[int], base: RunRequest) -> li
 def member_label(row: dict[str, Any], reference: dict[str, Any]) -> str:
     """How a member is named in a group: its rule, its tree shape if it has one, and the policy
     settings where they differ from its seed's reference (a matched baseline's truncation)."""
-    import json
+    from diagnostics.untrusted_json import loads
 
     label = str(row.get("rule"))
     tree = row.get("tree")
@@ -73,7 +73,9 @@ def member_label(row: dict[str, Any], reference: dict[str, Any]) -> str:
     elif isinstance(reference.get("tree"), str) and reference.get("tree"):
         label += f" · chain γ={row.get('gamma')}"
     try:
-        mine, theirs = json.loads(row.get("policy") or "{}"), json.loads(reference.get("policy") or "{}")
+        # Stored JSON (maybe a shared file's): bounded parse, like every untrusted document.
+        mine, theirs = (loads(row.get("policy") or "{}", "a run's policy", allow_non_finite=True),
+                        loads(reference.get("policy") or "{}", "a run's policy", allow_non_finite=True))
     except (TypeError, ValueError):
         return label
     changed = [f"{key.replace('_', '-')} {value:g}" if isinstance(value, float) else f"{key.replace('_', '-')} {value}"

@@ -9,7 +9,6 @@ one "tail" entry, and the view says so.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +28,7 @@ from diagnostics.models import (
 )
 from diagnostics.policy import Policy, probabilities
 from diagnostics.rules import get_rule
+from diagnostics.untrusted_json import loads
 
 
 @dataclass
@@ -72,7 +72,7 @@ def models_to_load(run: dict[str, Any], trusted: tuple[str, ...] = ("default",))
 
 
 def _policy(text: str | None) -> Policy:
-    return Policy(**json.loads(text)) if text else Policy()
+    return Policy(**loads(text, "the run's policy", allow_non_finite=True)) if text else Policy()  # stored JSON: bounded parse
 
 
 @torch.inference_mode()

@@ -12,7 +12,7 @@ from diagnostics.audit import audit_recorded_run
 from diagnostics.audit.collect import Sampling, collect
 from diagnostics.audit.external import DEFAULT_DETECT_TV, audit_samples, audit_scored_samples
 from diagnostics.audit.reporting import json_safe, pair_rows, summary_line, worst_position_rows, worst_prompt_rows
-from diagnostics.audit.samples import MAX_FILE_BYTES, SamplesError, load_samples
+from diagnostics.audit.samples import MAX_FILE_BYTES, SamplesError, load_samples, retokenize
 from diagnostics.audit.two_sample import two_sample_audit
 from diagnostics.audit.suite import (
     ENGINE_IMPLEMENTATIONS,
@@ -44,7 +44,9 @@ LAYERS = {
                        "engine with speculation off.",
 }
 SAMPLES_FORMAT = ('One JSON object per line: {"prompt": "...", "token_ids": [...], "temperature": 1.0, "top_k": null, '
-                  '"top_p": null, "min_p": null} (optional prompt_ids, text, engine, speculative, and scores: log-probs per token from the server). '
+                  '"top_p": null, "min_p": null} (optional prompt_ids, text, engine, speculative, max_tokens, completion_tokens, '
+                  "and scores: log-probs per token from the server). A line with text and no token_ids is tokenised with the "
+                  "target's tokenizer (test against the target's law). "
                   "Write one with python -m diagnostics audit --engine ours --write-samples FILE.")
 
 st.title("Audit")
@@ -109,7 +111,7 @@ def _uploaded_samples(label: str, key: str):
     if upload.size > MAX_FILE_BYTES:
         raise SamplesError(f"the file is {upload.size / 2**20:.0f} MiB; the limit is {MAX_FILE_BYTES // 2**20} MiB: split it")
     with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "samples.jsonl"
+        path = Path(folder) / f"{file_name_part(Path(upload.name).stem)}.jsonl"  # errors name the user's file (a tame form)
         path.write_bytes(upload.getvalue())
         return load_samples(path)
 
@@ -179,7 +181,9 @@ def external_form() -> None:
     if source == "file":
         ready = samples is not None and (oracle != "baseline" or baseline is not None)
         if samples is not None:
+            text_only = sum(sample.text_only for sample in samples)
             st.caption(f"{len(samples)} generations, {sum(len(sample.token_ids) for sample in samples):,} tokens"  # literal-ok: counts
+                       + (f", {text_only} with text only (tokenised with the target)" if text_only else "")  # literal-ok: counts
                        + ("" if baseline is None else f"; baseline {len(baseline)} generations"))  # literal-ok: counts
     else:
         ready = fields is not None and (oracle != "baseline" or bool(baseline_url and baseline_url.strip()))
@@ -198,6 +202,9 @@ def external_form() -> None:
             baseline = _collect_on_page(fields, baseline_url.strip(), out.with_name(out.stem + ".baseline.jsonl"),
                                         len(fields["prompts"]) * fields["n"], False, tokenize, eos_id)
     source_name = "uploaded file" if fields is None else str(out)
+    if target is not None and target.tokenizer is not None and any(sample.text_only for sample in samples):
+        tokenizer = target.tokenizer  # text-only lines: ids from the target's tokenizer, as the CLI's --target gives
+        retokenize(samples, lambda text: list(tokenizer(text)["input_ids"]), tokenizer.eos_token_id)
     if baseline is not None:
         result = two_sample_audit(samples, baseline, detect_tv=float(detect), source=source_name)
     elif oracle == "server":

@@ -51,8 +51,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
-from diagnostics.audit.samples import MAX_FILE_BYTES, MAX_SAMPLES, MAX_TOKENS, Sample, SamplesError, parse_sample
-from diagnostics.audit.server_scores import MAX_TOP, SCORE_APIS, score_request, scores_from_sglang, scores_from_vllm
+from diagnostics.audit.samples import MAX_FILE_BYTES, MAX_SAMPLES, MAX_TOKENS, MAX_TOP, Sample, SamplesError, parse_sample
+from diagnostics.audit.server_scores import SCORE_APIS, score_request, scores_from_sglang, scores_from_vllm
 from diagnostics.untrusted_json import UntrustedJSONError, loads
 
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024

@@ -110,12 +110,17 @@ class ExternalAudit:
         found = []
         if self.impossible:
             found.append(f"{self.impossible} emitted tokens have probability 0 under the declared law")
+        two_sample = self.design.startswith("two-sample")  # a G test of homogeneity, not a PIT
         if self.p_value < self.level / 2:
-            found.append(f"pooled PIT not uniform: χ² = {self.statistic:.1f}, p = {self.p_value:.2g}")
+            found.append(f"the two samples' laws differ (pooled G test of homogeneity): G = {self.statistic:.1f}, "
+                         f"p = {self.p_value:.2g}" if two_sample else
+                         f"pooled PIT not uniform: χ² = {self.statistic:.1f}, p = {self.p_value:.2g}")
         if self.worst_position_p is not None and self.worst_position_p < self.level / 2:
-            found.append(f"output position {self.worst_position} not uniform: Holm-adjusted p = {self.worst_position_p:.2g}")
+            found.append(f"output position {self.worst_position} " + ("differs between the samples" if two_sample else "not uniform")
+                         + f": Holm-adjusted p = {self.worst_position_p:.2g}")
         if self.verdict == "inconclusive":
-            found.append(f"not enough samples to detect TV {self.detect_tv:g}: {self.tokens:,} tokens detect a TV of "
+            found.append(f"not enough samples to detect TV {self.detect_tv:g}: {self.tokens:,} "
+                         + ("comparable tokens" if two_sample else "tokens") + " detect a TV of "
                          f"{self.detectable_tv:.3f} or more at {DETECTION_POWER:.0%} power; about {self.needed_tokens:,} are needed")
         if self.prompt_mismatches:
             found.append(f"{self.prompt_mismatches} prompts tokenise differently here than the engine's prompt_ids "
@@ -235,6 +240,7 @@ def audit_samples(samples: list[Sample], target: Any, *, level: float = 0.01, de
                 break
         sequences.append((prompt_ids, tokens))
         policies.append(sample.policy)
+    _check_vocabulary(target, samples, sequences)
     longest = max(len(prompt) + len(tokens) for prompt, tokens in sequences)
     limit = getattr(getattr(target.model, "config", None), "max_position_embeddings", None)
     if limit and longest > limit:
@@ -260,6 +266,26 @@ def audit_samples(samples: list[Sample], target: Any, *, level: float = 0.01, de
     if unknown:
         result.notes.append(unknown_note(unknown))
     return result
+
+
+def vocabulary_size(target: Any) -> int:
+    """The ids the target can read and score: its output rows, and its input embedding's rows when fewer."""
+    size = int(target.vocab_size)
+    embeddings = getattr(target.model, "get_input_embeddings", lambda: None)()
+    weight = getattr(embeddings, "weight", None)
+    return min(size, int(weight.shape[0])) if weight is not None else size
+
+
+def _check_vocabulary(target: Any, samples: list[Sample], sequences: list[tuple[list[int], list[int]]]) -> None:
+    """Every id (prompt and generation) inside the target's vocabulary, before any forward: an id
+    beyond it would index past the embedding (``IndexError`` deep in the model)."""
+    size = vocabulary_size(target)
+    for sample, (prompt_ids, tokens) in zip(samples, sequences):
+        for name, ids in (("prompt_ids", prompt_ids), ("token_ids", tokens)):
+            bad = next((token for token in ids if not 0 <= token < size), None)
+            if bad is not None:
+                raise SamplesError(f"{sample.where or 'a generation'}: {name} holds the id {bad}, outside the target's "
+                                   f"vocabulary of {size:,} ids (0 … {size - 1:,}): was the file made with another model?")
 
 
 def _checked(level: float, detect_tv: float) -> None:

@@ -5,16 +5,28 @@ One JSON object per line::
     {"prompt": str, "token_ids": [int, …], "temperature": float,
      "top_k": int|null, "top_p": float|null, "min_p": float|null,
      "text"?: str, "prompt_ids"?: [int, …], "engine"?: str, "speculative"?: bool,
-     "finish_reason"?: str, "seed"?: int, "raw"?: any,
+     "finish_reason"?: str, "seed"?: int, "max_tokens"?: int, "completion_tokens"?: int,
+     "ids_source"?: "engine"|"retokenized", "raw"?: any,
      "scores"?: [{"logprob": float, "top": [[id, logprob], …]} | null, …]}
 
 The sampling settings are those the engine was *asked* to use; the audit tests whether the
 generations follow the target's law under them. ``top_k`` of 0 or −1, ``top_p`` of 1 and
 ``min_p`` of 0 mean "off", as in vLLM and llama.cpp. ``prompt_ids`` are the ids the engine
 conditioned on (when it returns them); without them the prompt is tokenised here. ``scores`` are
-the server's own teacher-forced log-probabilities of each emitted token (``server_scores``). A file is
-untrusted input: its size, its line count and every field are bounded, and a bad line is a one-line
-error that names it.
+the server's own teacher-forced log-probabilities of each emitted token (``server_scores``). ``max_tokens``
+is the token limit the engine was asked for (the two-sample test compares up to it).
+
+A **text-only line** (``token_ids`` missing or empty, ``text`` not empty; what many engines print)
+is pending until ``retokenize`` turns its text into ids with the target's tokenizer (the prompt's
+ids stripped from the joint split when they agree): ``ids_source`` becomes ``"retokenized"``, and
+when ``completion_tokens`` (what the engine said it generated) differs from the count, the text was
+a non-canonical split and the line is left out of the audit and counted (``usable``). An audit of
+pending lines is refused (``usable``): give the target.
+
+A file is untrusted input: its size, its line count, every field, the JSON's nesting and its
+integers are bounded (``diagnostics.untrusted_json``), text must be valid Unicode (no lone
+surrogates), a leading UTF-8 byte-order mark is accepted, and a bad line is a one-line error that
+names the file and the line.
 """
 
 from __future__ import annotations
@@ -22,17 +34,22 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from diagnostics.policy import Policy, PolicyError
+from diagnostics.untrusted_json import UntrustedJSONError, loads
 
 MAX_FILE_BYTES = 256 * 1024 * 1024
 MAX_SAMPLES = 1_000_000
 MAX_TOKENS = 32_768  # per generation, and per prompt's ids
 MAX_PROMPT_CHARS = 200_000
 MAX_ID = 2**31 - 1
+MAX_TOP = 1024  # returned log-probabilities per position that a file may hold
+_SURROGATE = re.compile("[\ud800-\udfff]")  # only a lone one survives decoding: a pair is one character
 
 
 class SamplesError(ValueError):
@@ -57,8 +74,15 @@ class Sample:
     seed: int | None = None
     completion_tokens: int | None = None  # what the engine said it generated (``usage.completion_tokens``)
     ids_source: str | None = None  # "engine" (ids it returned) or "retokenized" (its text, tokenised)
+    max_tokens: int | None = None  # the token limit the engine was asked for
     scores: list | None = field(default=None, repr=False)  # the server's own scores per token (``server_scores``)
     raw: Any = field(default=None, repr=False)
+    where: str = field(default="", repr=False, compare=False)  # "FILE line N": named by later refusals, never written
+
+    @property
+    def text_only(self) -> bool:
+        """A line with text but no ids yet (``retokenize`` gives them)."""
+        return not self.token_ids and bool(self.text)
 
     @property
     def ids_unknown(self) -> bool:
@@ -77,10 +101,60 @@ class Sample:
         return (self.temperature, self.top_k, self.top_p, self.min_p)
 
     def as_dict(self) -> dict[str, Any]:
-        payload = {key: value for key, value in asdict(self).items() if value is not None and key != "scores"}
+        payload = {key: value for key, value in asdict(self).items() if value is not None and key not in ("scores", "where")}
         if self.scores is not None:
             payload["scores"] = [None if entry is None else entry.as_json() for entry in self.scores]
         return payload
+
+
+@dataclass(frozen=True)
+class PositionScores:
+    """The server's scores at one output position: ``ℓ(y_t)`` and its top ``k`` ``(id, ℓ)`` by rank."""
+
+    token_logprob: float | None
+    top: tuple[tuple[int, float], ...]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"logprob": self.token_logprob, "top": [[token, logprob] for token, logprob in self.top]}
+
+
+def checked_logprob(value: Any, where: str) -> float | None:
+    """A log-probability from a file or a server: a number <= 0 (or null); -inf and stand-ins below -1e30 clamp to -1e30."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value > 1e-6:
+        raise SamplesError(f"{where}: a log-probability must be a number <= 0 or null, got {str(value)[:40]}")
+    return max(float(value), -1e30)  # a server's "-inf" stand-in (-9999) and -inf itself both mean probability 0
+
+
+def parse_scores(value: Any, tokens: int, where: str) -> list[PositionScores | None] | None:
+    """A line's ``"scores"`` (one entry per emitted token, or null), checked; ``SamplesError`` naming ``where``."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) != tokens:
+        raise SamplesError(f"{where}: 'scores' must be a list with one entry per token id ({tokens})")
+    parsed: list[PositionScores | None] = []
+    for position, entry in enumerate(value):
+        if entry is None:
+            parsed.append(None)
+            continue
+        if not isinstance(entry, dict) or not isinstance(entry.get("top", []), list) or len(entry.get("top", [])) > MAX_TOP:
+            raise SamplesError(f"{where}: scores[{position}] must be {{\"logprob\": number, \"top\": [[id, logprob], …]}} "
+                               f"with at most {MAX_TOP} entries")
+        top = []
+        for item in entry.get("top", []):
+            if (not isinstance(item, list) or len(item) != 2 or isinstance(item[0], bool) or not isinstance(item[0], int)
+                    or not 0 <= item[0] <= MAX_ID):
+                raise SamplesError(f"{where}: scores[{position}].top holds [token id, logprob] pairs")
+            logprob = checked_logprob(item[1], where)
+            if logprob is None:
+                raise SamplesError(f"{where}: scores[{position}].top has a null log-probability")
+            top.append((item[0], logprob))
+        if top and not sum(math.exp(logprob) for _, logprob in top) > 0:  # log of 0 later: "math domain error"
+            raise SamplesError(f"{where}: scores[{position}].top gives every listed id log-probability -inf (probability 0), "
+                               "so it is no law's top: collect the scores again")
+        parsed.append(PositionScores(checked_logprob(entry.get("logprob"), where), tuple(top)))
+    return parsed
 
 
 def _ids(value: Any, name: str, where: str, allow_empty: bool) -> list[int]:
@@ -89,7 +163,8 @@ def _ids(value: Any, name: str, where: str, allow_empty: bool) -> list[int]:
     if not value and not allow_empty:
         raise SamplesError(f"{where}: {name!r} is empty")
     if not all(isinstance(item, int) and not isinstance(item, bool) and 0 <= item <= MAX_ID for item in value):
-        raise SamplesError(f"{where}: {name!r} must hold whole numbers >= 0 (token ids)")
+        bad = next(item for item in value if isinstance(item, bool) or not isinstance(item, int) or not 0 <= item <= MAX_ID)
+        raise SamplesError(f"{where}: {name!r} must hold whole numbers >= 0 (token ids); it holds {str(bad)[:40]}")
     return list(value)
 
 
@@ -109,27 +184,93 @@ def _text(value: Any, name: str, where: str, limit: int = MAX_PROMPT_CHARS) -> s
     return value
 
 
-def _count(value: Any, where: str) -> int | None:
+def _count(value: Any, name: str, where: str, low: int = 0, high: int = MAX_ID) -> int | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_ID:
-        raise SamplesError(f"{where}: 'completion_tokens' must be a whole number >= 0 or null")
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise SamplesError(f"{where}: {name!r} must be a whole number in [{low}, {high}] or null")
     return value
 
 
 def usable(samples: list[Sample]) -> tuple[list[Sample], int]:
-    """The samples whose ids are known, and how many were left out (``Sample.ids_unknown``)."""
+    """The samples whose ids are known, and how many were left out (``Sample.ids_unknown``).
+    A text-only line not yet retokenised is refused: auditing it as 0 tokens would ignore its text."""
+    pending = next((sample for sample in samples if sample.text_only), None)
+    if pending is not None:
+        raise SamplesError(f"{pending.where or 'a line'} has text but no token_ids: its ids come from the target's "
+                           "tokenizer: give --target ID (on the Audit page: test against the target's law)")
     kept = [sample for sample in samples if not sample.ids_unknown]
     return kept, len(samples) - len(kept)
+
+
+def has_lone_surrogate(value: Any) -> bool:
+    """Whether any string in ``value`` (keys included) holds a lone UTF-16 surrogate (``"\\ud800"``
+    decodes to one): such text cannot be written as UTF-8, so a finished audit could not be printed."""
+    stack = [value]
+    while stack:  # iterative: the depth is bounded already, but a walk needs no recursion
+        item = stack.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
+def continuation_ids(prompt: str, text: str, tokenize: Callable[[str], list[int]], prompt_ids: list[int]) -> list[int]:
+    """The generated text's ids after the prompt's: the joint split's tail when its head is the
+    prompt's ids, else the text tokenised alone (without a leading BOS the prompt already has).
+    The same rule as the endpoint collector's."""
+    joint = list(tokenize(prompt + text))
+    if joint[: len(prompt_ids)] == list(prompt_ids):
+        return joint[len(prompt_ids):]
+    alone = list(tokenize(text))
+    return alone[1:] if prompt_ids and alone[:1] == list(prompt_ids[:1]) else alone
+
+
+def retokenize(samples: list[Sample], tokenize: Callable[[str], list[int]], eos_id: int | None = None) -> int:
+    """Give each text-only sample the ids of its text (``continuation_ids``; an EOS the engine reported
+    but the text cannot show is put back, as the collector does), marked ``"retokenized"``. Returns
+    how many were retokenised; a text whose ids are unusable is a ``SamplesError`` naming its line."""
+    prompts: dict[str, list[int]] = {}
+    done = 0
+    for sample in samples:
+        if not sample.text_only:
+            continue
+        where = sample.where or "a line"
+        if sample.prompt_ids is not None:
+            prompt_ids = list(sample.prompt_ids)
+        else:
+            if sample.prompt not in prompts:
+                prompts[sample.prompt] = list(tokenize(sample.prompt)) if sample.prompt else []
+            prompt_ids = prompts[sample.prompt]
+        ids = continuation_ids(sample.prompt, sample.text or "", tokenize, prompt_ids)
+        if (sample.finish_reason == "stop" and eos_id is not None and sample.completion_tokens is not None
+                and sample.completion_tokens == len(ids) + 1):
+            ids.append(eos_id)  # the EOS the engine sampled (its text is empty)
+        if not ids:
+            raise SamplesError(f"{where}: its text tokenises to no ids with the target's tokenizer: give token_ids")
+        sample.token_ids = _ids(ids, "token_ids (from its text)", where, allow_empty=False)
+        sample.ids_source = "retokenized"
+        done += 1
+    return done
 
 
 def parse_sample(obj: Any, where: str) -> Sample:
     """One line's object as a ``Sample``; ``SamplesError`` (naming ``where``) when it cannot be."""
     if not isinstance(obj, dict):
         raise SamplesError(f"{where}: expected a JSON object with \"prompt\", \"token_ids\" and \"temperature\"")
-    for required in ("prompt", "token_ids", "temperature"):
+    for required in ("prompt", "temperature"):
         if required not in obj:
-            raise SamplesError(f"{where}: lacks {required!r} (each line needs prompt, token_ids, temperature)")
+            raise SamplesError(f"{where}: lacks {required!r} (each line needs prompt, token_ids or text, temperature)")
+    if obj.get("token_ids") is None and not obj.get("text"):
+        raise SamplesError(f"{where}: lacks 'token_ids' (each line needs prompt, token_ids or text, temperature)")
+    if has_lone_surrogate(obj):
+        raise SamplesError(f"{where}: holds a lone UTF-16 surrogate (an unpaired \\ud800–\\udfff escape), which is not "
+                           "text: fix the line's strings")
     prompt = _text(obj["prompt"], "prompt", where)
     temperature = _number(obj["temperature"], "temperature", where)
     if temperature is None:
@@ -153,17 +294,16 @@ def parse_sample(obj: Any, where: str) -> Sample:
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise SamplesError(f"{where}: 'seed' must be a whole number or null")
     sample = Sample(
-        prompt=prompt or "", token_ids=_ids(obj["token_ids"], "token_ids", where, allow_empty=True), temperature=temperature,
+        prompt=prompt or "", token_ids=_ids([] if obj.get("token_ids") is None else obj["token_ids"], "token_ids", where, allow_empty=True), temperature=temperature,
         top_k=top_k, top_p=top_p, min_p=min_p, text=_text(obj.get("text"), "text", where),
         prompt_ids=None if obj.get("prompt_ids") is None else _ids(obj["prompt_ids"], "prompt_ids", where, allow_empty=False),
         engine=_text(obj.get("engine"), "engine", where, limit=200), speculative=speculative,
         finish_reason=_text(obj.get("finish_reason"), "finish_reason", where, limit=50), seed=seed, raw=obj.get("raw"),
-        completion_tokens=_count(obj.get("completion_tokens"), where),
+        completion_tokens=_count(obj.get("completion_tokens"), "completion_tokens", where),
         ids_source=_text(obj.get("ids_source"), "ids_source", where, limit=20),
+        max_tokens=_count(obj.get("max_tokens"), "max_tokens", where, low=1, high=MAX_TOKENS), where=where,
     )
     if obj.get("scores") is not None:
-        from diagnostics.audit.server_scores import parse_scores
-
         sample.scores = parse_scores(obj["scores"], len(sample.token_ids), where)
     if not sample.prompt and sample.prompt_ids is None:
         raise SamplesError(f"{where}: the prompt is empty and there are no prompt_ids")
@@ -190,14 +330,21 @@ def load_samples(path: str | os.PathLike) -> list[Sample]:
                 continue
             if len(samples) >= MAX_SAMPLES:
                 raise SamplesError(f"{path} has more than {MAX_SAMPLES:,} generations: split it")
-            try:
-                obj = json.loads(line.decode("utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError) as error:
-                raise SamplesError(f"{where} is not a JSON object ({error.__class__.__name__}): one generation per line") from None
-            samples.append(parse_sample(obj, where))
+            samples.append(parse_sample(_line_object(line, where), where))
     if not samples:
         raise SamplesError(f"{path} has no generations: one JSON object per line")
     return samples
+
+
+def _line_object(line: bytes, where: str) -> Any:
+    """One line's JSON (bounded: ``untrusted_json``); a one-line ``SamplesError`` naming ``where`` otherwise."""
+    try:
+        return loads(line, where, allow_non_finite=True)  # -Infinity: a log-probability; each field is checked after
+    except UntrustedJSONError as error:
+        detail = str(error).removeprefix(where).lstrip(": ")
+        if detail.startswith(("not valid JSON", "not UTF-8")):
+            raise SamplesError(f"{where} is not a JSON object ({detail}): one generation per line") from None
+        raise SamplesError(f"{where}: {detail}") from None
 
 
 def write_samples(path: str | os.PathLike, samples: list[Sample]) -> Path:

@@ -43,10 +43,9 @@ import numpy as np
 import torch
 
 from diagnostics.audit.engine_level import AUXILIARY_SEED, PitSample, randomized_pits
-from diagnostics.audit.samples import MAX_ID, Sample, SamplesError
+from diagnostics.audit.samples import PositionScores, Sample, SamplesError, checked_logprob
 from diagnostics.policy import Policy, probabilities
 
-MAX_TOP = 1024  # returned log-probabilities per position that a file may hold
 CHECKED_POSITIONS = 200  # positions whose scores a cross-check against --target recomputes (at most 200 generations' forwards)
 # Largest |ℓ_server − ℓ_target| (nats) taken as float noise: float32 implementations agree to ~1e-4;
 # a bfloat16 server's logits round to 2^-8 relative (≈ 0.03 nats at a logit of 8). 0.05 nats moves a
@@ -55,52 +54,6 @@ SCORE_TOLERANCE = 0.05
 COMPARED_FLOOR = math.log(1e-4)  # entries both sides give less probability carry no mass the audit tests
 SUM_TOLERANCE = 1e-3  # Σ exp ℓ over the returned entries may exceed 1 by this (float32 servers)
 OK, MISSING, IMPOSSIBLE = "ok", "missing", "impossible"
-
-
-@dataclass(frozen=True)
-class PositionScores:
-    """The server's scores at one output position: ``ℓ(y_t)`` and its top ``k`` ``(id, ℓ)`` by rank."""
-
-    token_logprob: float | None
-    top: tuple[tuple[int, float], ...]
-
-    def as_json(self) -> dict[str, Any]:
-        return {"logprob": self.token_logprob, "top": [[token, logprob] for token, logprob in self.top]}
-
-
-def _logprob(value: Any, where: str) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value > 1e-6:
-        raise SamplesError(f"{where}: a log-probability must be a number <= 0 or null, got {str(value)[:40]}")
-    return max(float(value), -1e30)  # a server's "-inf" stand-in (-9999) and -inf itself both mean probability 0
-
-
-def parse_scores(value: Any, tokens: int, where: str) -> list[PositionScores | None] | None:
-    """A line's ``"scores"`` (one entry per emitted token, or null), checked; ``SamplesError`` naming ``where``."""
-    if value is None:
-        return None
-    if not isinstance(value, list) or len(value) != tokens:
-        raise SamplesError(f"{where}: 'scores' must be a list with one entry per token id ({tokens})")
-    parsed: list[PositionScores | None] = []
-    for position, entry in enumerate(value):
-        if entry is None:
-            parsed.append(None)
-            continue
-        if not isinstance(entry, dict) or not isinstance(entry.get("top", []), list) or len(entry.get("top", [])) > MAX_TOP:
-            raise SamplesError(f"{where}: scores[{position}] must be {{\"logprob\": number, \"top\": [[id, logprob], …]}} "
-                               f"with at most {MAX_TOP} entries")
-        top = []
-        for item in entry.get("top", []):
-            if (not isinstance(item, list) or len(item) != 2 or isinstance(item[0], bool) or not isinstance(item[0], int)
-                    or not 0 <= item[0] <= MAX_ID):
-                raise SamplesError(f"{where}: scores[{position}].top holds [token id, logprob] pairs")
-            logprob = _logprob(item[1], where)
-            if logprob is None:
-                raise SamplesError(f"{where}: scores[{position}].top has a null log-probability")
-            top.append((item[0], logprob))
-        parsed.append(PositionScores(_logprob(entry.get("logprob"), where), tuple(top)))
-    return parsed
 
 
 def unsupported(policy: Policy) -> str | None:
@@ -135,7 +88,7 @@ def position_pit(scores: PositionScores | None, token: int, policy: Policy, gene
     if len(top) != len(scores.top):
         return MISSING, None  # an id listed twice: not a top-k list
     logprobs = np.array(list(top.values()), dtype=np.float64)
-    if math.log(np.exp(logprobs).sum()) > math.log1p(SUM_TOLERANCE):
+    if not 0 < np.exp(logprobs).sum() <= 1 + SUM_TOLERANCE:
         return MISSING, None  # placeholders (llama.cpp's 0.0) or not log-probabilities of one law
     ranked = sorted(top.items(), key=lambda item: (-item[1], item[0]))
     if policy.greedy:
@@ -226,7 +179,7 @@ def scores_from_vllm(answer: dict[str, Any], prompt_length: int, tokens: list[in
         for key, item in entry.items():
             if not (isinstance(key, str) and key.isdigit() and isinstance(item, dict)):
                 continue
-            logprob = _logprob(item.get("logprob"), "prompt_logprobs")
+            logprob = checked_logprob(item.get("logprob"), "prompt_logprobs")
             rank = item.get("rank")
             if int(key) == token:
                 token_logprob = logprob
@@ -250,9 +203,9 @@ def scores_from_sglang(answer: Any, tokens: list[int]) -> list[PositionScores | 
     for token, mine, top in zip(tokens, own, tops):
         if not (isinstance(mine, list) and len(mine) >= 2 and mine[1] == token):
             raise SamplesError("the server scored other ids than the continuation's: the scores are not aligned")
-        pairs = [(item[1], _logprob(item[0], "input_top_logprobs")) for item in (top or [])
+        pairs = [(item[1], checked_logprob(item[0], "input_top_logprobs")) for item in (top or [])
                  if isinstance(item, list) and len(item) >= 2 and isinstance(item[1], int) and item[0] is not None]
-        scores.append(PositionScores(_logprob(mine[0], "input_token_logprobs"), tuple(pairs)))
+        scores.append(PositionScores(checked_logprob(mine[0], "input_token_logprobs"), tuple(pairs)))
     return scores
 
 
@@ -379,5 +332,5 @@ def score_request(api: str, model: str, ids: list[int], k: int) -> tuple[str, di
 
 
 __all__ = ["CHECKED_POSITIONS", "MISSING", "OK", "IMPOSSIBLE", "PositionScores", "SCORE_APIS", "SCORE_TOLERANCE", "ScoreCheck",
-           "ScoredPits", "TRUST_CAVEAT", "cross_check", "parse_scores", "position_pit",
+           "ScoredPits", "TRUST_CAVEAT", "cross_check", "position_pit",
            "score_request", "scored_pits", "scores_from_sglang", "scores_from_vllm", "unsupported"]

@@ -1,4 +1,4 @@
-"""Two-sample audit: the same engine with speculation on and off should give one output law.
+"""Two-sample audit: two samples of one engine (speculation on and off) should give one output law.
 
 No copy of the weights is needed and numeric differences between engines cancel: a lossless
 speculative engine samples exactly the law its own plain decoding samples, whatever kernels both use.
@@ -14,12 +14,22 @@ with symbols seen fewer than ``MIN_EXPECTED`` times in all pooled into one cell 
 pooled counts, so the choice does not depend on which side saw what). The G statistic of two
 samples of whole sequences decomposes exactly into these conditional terms, so under the null
 ``Σ_c G_c`` is asymptotically χ² with ``Σ_c (K_c − 1)`` degrees of freedom; the sum over the
-contexts at depth ``t`` is the test of output position ``t`` (Holm across positions). The pooled
-test and the per-position family each get half the level, as in the one-sample audit.
+contexts at depth ``t`` is the test of output position ``t`` (Holm across positions; its
+``tokens`` are the symbols compared there, both sides). The pooled G test and the per-position
+family each get half the level, as in the one-sample audit.
+
+The tree is walked depth by depth, and only the generations of a context both sides reach with
+``MIN_CONTEXT`` generations in all go one level deeper (no deeper context can be tested otherwise):
+time and memory are linear in the tokens walked (no prefix is ever copied), so two single
+32,768-token generations cost nothing and ``MAX_TOKENS``-long files stay within memory.
 
 Power: per context, ``λ_c ≥ 4·n_c·TV_c²`` with ``n_c = n_a·n_b/(n_a + n_b)``; a distortion of
 TV ``ε`` at every context gives ``λ ≥ 4ε² Σ_c n_c``, which sizes ``detectable_tv``.
-Generations censored by the token limit end nowhere: a context at the limit is not tested.
+
+The token limit: a line's ``max_tokens`` (the smallest declared in a prompt's group, both sides),
+else the longest generation seen. Generations are compared up to it: one that reaches it ends
+nowhere (a context at the limit is not tested), so an engine that overshoots its ``max_tokens``
+by whole speculation rounds is not mistaken for another law; how many exceeded it is said.
 """
 
 from __future__ import annotations
@@ -48,6 +58,7 @@ class ContextTest:
     statistic: float
     dof: int
     weight: float  # n_a·n_b/(n_a + n_b)
+    symbols: int  # n_a + n_b: the next symbols compared at this context
 
 
 def _key(sample: Sample) -> tuple:
@@ -55,8 +66,20 @@ def _key(sample: Sample) -> tuple:
     return (sample.prompt, ids, sample.settings_key)
 
 
+def _limit(samples: list[Sample]) -> int:
+    """The token limit a prompt's generations are compared up to: the smallest ``max_tokens``
+    declared in the group, else the longest generation seen (the limit both sides were held to)."""
+    declared = [sample.max_tokens for sample in samples if sample.max_tokens is not None]
+    return min(declared) if declared else max(len(sample.token_ids) for sample in samples)
+
+
+def _over_limit(samples: list[Sample]) -> int:
+    """Generations longer than their own declared ``max_tokens``."""
+    return sum(sample.max_tokens is not None and len(sample.token_ids) > sample.max_tokens for sample in samples)
+
+
 def _paths(samples: list[Sample], limit: int) -> list[tuple[int, ...]]:
-    """Each generation's symbols: its tokens, then ``END`` when it ended before the limit."""
+    """Each generation's symbols: its tokens up to the limit, then ``END`` when it ended before it."""
     paths = []
     for sample in samples:
         tokens = tuple(sample.token_ids[:limit])
@@ -64,41 +87,65 @@ def _paths(samples: list[Sample], limit: int) -> list[tuple[int, ...]]:
     return paths
 
 
+def _g_test(depth: int, count_a: Counter, count_b: Counter) -> ContextTest | None:
+    """The G test of homogeneity of one context's next symbols (rare symbols pooled), or ``None``."""
+    n_a, n_b = sum(count_a.values()), sum(count_b.values())
+    both = count_a + count_b
+    big = [symbol for symbol, total in both.items() if total >= MIN_EXPECTED]
+    cells = [(count_a[symbol], count_b[symbol]) for symbol in big]
+    rest = (n_a - sum(a for a, _ in cells), n_b - sum(b for _, b in cells))
+    if rest[0] + rest[1] > 0:
+        cells.append(rest)
+    if len(cells) < 2:
+        return None
+    total = n_a + n_b
+    statistic = 0.0
+    for a, b in cells:
+        column = a + b
+        for observed, row in ((a, n_a), (b, n_b)):
+            if observed:
+                statistic += 2.0 * observed * math.log(observed * total / (row * column))
+    return ContextTest(depth, statistic, len(cells) - 1, n_a * n_b / total, total)
+
+
 def _context_tests(side_a: list[tuple[int, ...]], side_b: list[tuple[int, ...]]) -> list[ContextTest]:
-    """The G test at every context both sides reach ``MIN_CONTEXT`` times together."""
-    next_symbols: dict[tuple[int, ...], list[Counter]] = defaultdict(lambda: [Counter(), Counter()])
-    for side, paths in enumerate((side_a, side_b)):
-        for path in paths:
-            for depth, symbol in enumerate(path):
-                next_symbols[path[:depth]][side][symbol] += 1
-    tests = []
-    for context, (count_a, count_b) in next_symbols.items():
-        n_a, n_b = sum(count_a.values()), sum(count_b.values())
-        if n_a + n_b < MIN_CONTEXT or not n_a or not n_b:
-            continue
-        both = count_a + count_b
-        big = [symbol for symbol, total in both.items() if total >= MIN_EXPECTED]
-        cells = [(count_a[symbol], count_b[symbol]) for symbol in big]
-        rest = (n_a - sum(a for a, _ in cells), n_b - sum(b for _, b in cells))
-        if rest[0] + rest[1] > 0:
-            cells.append(rest)
-        if len(cells) < 2:
-            continue
-        total = n_a + n_b
-        statistic = 0.0
-        for a, b in cells:
-            column = a + b
-            for observed, row in ((a, n_a), (b, n_b)):
-                if observed:
-                    statistic += 2.0 * observed * math.log(observed * total / (row * column))
-        tests.append(ContextTest(len(context), statistic, len(cells) - 1, n_a * n_b / total))
+    """The G test at every context both sides reach ``MIN_CONTEXT`` times together, depth by depth:
+    a context's generations go one level deeper only when it is testable (its children are reached
+    by no more generations), so memory holds one level's groups, linear in the generations."""
+    groups: list[list[tuple[int, tuple[int, ...]]]] = [[(0, path) for path in side_a] + [(1, path) for path in side_b]]
+    tests: list[ContextTest] = []
+    depth = 0
+    while groups:
+        following: dict[tuple[int, int], list[tuple[int, tuple[int, ...]]]] = {}
+        for index, group in enumerate(groups):
+            counts = (Counter(), Counter())
+            for side, path in group:
+                counts[side][path[depth]] += 1
+            if len(group) < MIN_CONTEXT or not counts[0] or not counts[1]:
+                continue  # untestable, and so is every context below it
+            test = _g_test(depth, *counts)
+            if test is not None:
+                tests.append(test)
+            for side, path in group:
+                if depth + 1 < len(path):  # END is a path's last symbol: it has no children
+                    following.setdefault((index, path[depth]), []).append((side, path))
+        groups = list(following.values())
+        depth += 1
     return tests
+
+
+def _sides(side_a: list[Sample], side_b: list[Sample]) -> tuple[str, str]:
+    """How to name the two samples: by their ``speculative`` fields when those say on and off."""
+    if {sample.speculative for sample in side_a} == {True} and {sample.speculative for sample in side_b} == {False}:
+        return "with speculation", "without"
+    return "of sample A", "of sample B"
 
 
 def two_sample_audit(speculative: list[Sample], baseline: list[Sample], *, level: float = 0.01,
                      detect_tv: float = DEFAULT_DETECT_TV, source: str = "samples") -> ExternalAudit:
-    """Do ``speculative``'s generations follow the law of ``baseline``'s (the same engine, speculation
-    off)? Prompts are matched by prompt, prompt ids and declared settings; see the module docstring."""
+    """Do ``speculative``'s generations (sample A) follow the law of ``baseline``'s (sample B: the same
+    engine, speculation off)? Prompts are matched by prompt, prompt ids and declared settings; see the
+    module docstring."""
     if not 0 < level < 1 or not 0 < detect_tv < 1:
         raise SamplesError(f"the level and the TV to detect must lie in (0, 1), got {level} and {detect_tv}")
     started = time.perf_counter()
@@ -120,9 +167,10 @@ def two_sample_audit(speculative: list[Sample], baseline: list[Sample], *, level
         raise SamplesError(f"{coupled} generations share a prompt and a seed with the baseline: with the same seed a "
                            "lossless engine may return the same text on both sides; collect the baseline with other seeds")
     tests: list[ContextTest] = []
+    over_a = over_b = 0
     for key in shared:
-        # The token limit both sides were held to: the longest generation seen on either side.
-        limit = max(len(sample.token_ids) for sample in groups_a[key] + groups_b[key])
+        limit = _limit(groups_a[key] + groups_b[key])
+        over_a, over_b = over_a + _over_limit(groups_a[key]), over_b + _over_limit(groups_b[key])
         tests.extend(_context_tests(_paths(groups_a[key], limit), _paths(groups_b[key], limit)))
     statistic = sum(test.statistic for test in tests)
     dof = sum(test.dof for test in tests)
@@ -130,7 +178,8 @@ def two_sample_audit(speculative: list[Sample], baseline: list[Sample], *, level
     by_depth: dict[int, list[ContextTest]] = defaultdict(list)
     for test in tests:
         by_depth[test.depth].append(test)
-    raw = [(depth, sum(t.statistic for t in group), sum(t.dof for t in group), len(group)) for depth, group in sorted(by_depth.items())]
+    raw = [(depth, sum(t.statistic for t in group), sum(t.dof for t in group), sum(t.symbols for t in group))
+           for depth, group in sorted(by_depth.items())]
     raw_p = [float(stats.chi2.sf(g, d)) for _, g, d, _ in raw]
     adjusted = holm(raw_p)
     positions = [PositionTest(position=depth, tokens=count, statistic=g, p_value=p, adjusted_p=adj)
@@ -143,21 +192,28 @@ def two_sample_audit(speculative: list[Sample], baseline: list[Sample], *, level
     needed = required_samples(detect_tv, max(1, dof), level / 2, DETECTION_POWER) if verdict == "inconclusive" else 0
     used_a = sum(len(groups_a[key]) for key in shared)
     used_b = sum(len(groups_b[key]) for key in shared)
-    notes = [f"two-sample: {used_a} generations with speculation against {used_b} without, {len(shared)} prompts, "
-             f"{len(tests)} contexts tested (G = {statistic:.1f}, dof {dof})"]
+    name_a, name_b = _sides(speculative, baseline)
+    notes = [f"two-sample: {used_a} generations {name_a} against {used_b} {name_b}, {len(shared)} prompts, "
+             f"{len(tests)} contexts tested (G = {statistic:.1f}, dof {dof}; a position's tokens are the next "
+             "symbols compared there, both samples)"]
     if verdict == "inconclusive":
         notes.append(f"about {needed:,} comparable tokens (n_a·n_b/(n_a+n_b) summed over contexts) would detect TV {detect_tv:g}; "
                      f"this sample has {int(weight):,}")
+    if over_a or over_b:
+        notes.append(f"{over_a + over_b} generations ({over_a} {name_a}, {over_b} {name_b}) are longer than their declared "
+                     "max_tokens: compared up to it (an engine that overshoots by whole rounds is not another law)")
     if unknown_a or unknown_b:
-        notes.append(unknown_note(unknown_a) + f" with speculation, {unknown_b} without")
+        notes.append(unknown_note(unknown_a + unknown_b) + f" ({unknown_a} {name_a}, {unknown_b} {name_b})")
     engines = sorted({sample.engine for sample in speculative if sample.engine})
     return ExternalAudit(
-        source=source, design="two-sample: speculation off", verdict=verdict, generations=used_a, tokens=int(weight),
+        source=source, design="two-sample: speculation off" if name_b == "without" else "two-sample: baseline sample",
+        verdict=verdict, generations=used_a, tokens=int(weight),
         prompts=len(shared), level=level, detect_tv=detect_tv, detectable_tv=detectable, needed_tokens=needed,
         statistic=statistic, p_value=p_value, positions=positions, worst_position=worst.position if worst else None,
         worst_position_p=worst.adjusted_p if worst else None, engine=", ".join(engines) or None,
         time_s=time.perf_counter() - started, notes=notes,
-        settings={"baseline_generations": used_b, "contexts": len(tests), "dof": dof},
+        settings={"baseline_generations": used_b, "contexts": len(tests), "dof": dof,
+                  "longer_than_max_tokens": over_a + over_b},
     )
 
 

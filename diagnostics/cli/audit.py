@@ -137,35 +137,39 @@ def _rule_draws(args: argparse.Namespace) -> int:
 
 
 def _audit_samples(args: argparse.Namespace, path: str) -> dict:
-    """The external audit of a samples file: against --baseline-samples (two-sample), or against
-    the local copy of --target (teacher forcing under each line's declared settings)."""
+    """The external audit of a samples file: against --baseline-samples (two-sample), the server's
+    scores, or the local copy of --target (teacher forcing under each line's declared settings).
+    Text-only lines get their ids from --target's tokenizer first (``samples.retokenize``)."""
     from diagnostics.audit.external import audit_samples
     from diagnostics.audit.samples import load_samples
     from diagnostics.audit.suite import AuditError
     from diagnostics.audit.two_sample import two_sample_audit
 
     samples = load_samples(path)
-    if args.oracle == "server":
-        return _audit_scored(args, samples, path)
-    if args.baseline_samples:
-        baseline = load_samples(args.baseline_samples)
-        return two_sample_audit(samples, baseline, level=args.level, detect_tv=args.detect_tv, source=str(path)).as_dict()
-    if args.target is None:
+    baseline = load_samples(args.baseline_samples) if args.baseline_samples else None
+    needs_target = args.oracle != "server" and baseline is None
+    if needs_target and args.target is None:
         raise AuditError("give --target ID (a local copy of the model the engine served) or --baseline-samples FILE "
                          "(the same engine with speculation off)")
-    target, eos = _local_target(args.target)
+    pending = any(sample.text_only for sample in samples + (baseline or []))
+    target = eos = None
+    if needs_target or (args.target is not None and (pending or args.oracle == "server")):
+        target, eos = _local_target(args.target)
+    if pending and target is not None:
+        _retokenize(target, [samples, baseline or []])
+    if args.oracle == "server":
+        return _audit_scored(args, samples, path, target, eos)
+    if baseline is not None:
+        return two_sample_audit(samples, baseline, level=args.level, detect_tv=args.detect_tv, source=str(path)).as_dict()
     return audit_samples(samples, target, level=args.level, detect_tv=args.detect_tv, source=str(path), eos=eos,
                          progress=_progress("teacher forcing")).as_dict()
 
 
-def _audit_scored(args: argparse.Namespace, samples: list, path: str) -> dict:
+def _audit_scored(args: argparse.Namespace, samples: list, path: str, target, eos) -> dict:
     """``--oracle server``: against the scores in the file; with --target, a sample of them is
     recomputed here first (a disagreement fails the verdict). Either way stderr says what it rests on."""
     from diagnostics.audit.external import audit_scored_samples
 
-    target = eos = None
-    if args.target is not None:
-        target, eos = _local_target(args.target)
     result = audit_scored_samples(samples, level=args.level, detect_tv=args.detect_tv, source=str(path), eos=eos,
                                   target=target, score_tolerance=args.score_tolerance)
     print(f"note: {result.notes[-1]}", file=sys.stderr)  # the caveat, or the cross-check's finding
@@ -183,6 +187,19 @@ def _local_target(spec: str):
         return setup.target, setup.eos
     target = load_model(spec, trust_remote_code=False)
     return target, eos_ids(target, None)
+
+
+def _retokenize(target, groups: list[list]) -> None:
+    """Text-only lines' ids from the target's tokenizer (the prompt's ids stripped where the split agrees)."""
+    from diagnostics.audit.samples import SamplesError, retokenize
+
+    if target.tokenizer is None:
+        first = next(sample for group in groups for sample in group if sample.text_only)
+        raise SamplesError(f"{first.where} has text but no token_ids, and --target has no tokenizer to make them: "
+                           "give token_ids, or a --target with its tokenizer")
+    tokenizer = target.tokenizer
+    for group in groups:
+        retokenize(group, lambda text: list(tokenizer(text)["input_ids"]), tokenizer.eos_token_id)
 
 
 def _write_engine_samples(args: argparse.Namespace, implementation: str) -> None:
@@ -381,8 +398,10 @@ def add_parser(commands: Any) -> None:
     """The ``audit`` command's options."""
     from diagnostics.audit.collect import (COLLECT_TIMEOUT_S, MAX_RAW_BYTES, MAX_REDIRECTS, MAX_RESPONSE_BYTES, RETRIES,
                                            RETRY_BUDGET, TIMEOUT_S)
-    from diagnostics.audit.samples import MAX_FILE_BYTES
+    from diagnostics.audit.samples import MAX_FILE_BYTES, MAX_SAMPLES, MAX_TOKENS
     from diagnostics.audit.server_scores import CHECKED_POSITIONS, SCORE_TOLERANCE
+    from diagnostics.untrusted_json import MAX_DEPTH
+
     audit = commands.add_parser(
         "audit", help="losslessness audit: a verification rule, a whole generator (--engine), a recorded run (--run), or all (--all)",
         description="Rule level (default): one verification step on a battery of (p, q) pairs. Engine level (--engine NAME): "
@@ -395,10 +414,16 @@ def add_parser(commands: Any) -> None:
     audit.add_argument("--draws", type=int, default=60_000, help="rule level: verification steps per (p, q) pair")
     audit.add_argument("--samples", default=None, metavar="FILE.jsonl",
                        help="audit any engine from its outputs: one JSON object per line with prompt, token_ids, temperature, "
-                            "top_k, top_p, min_p (optional prompt_ids, text, engine, speculative); against --target's law by "
-                            "teacher forcing, or against --baseline-samples (a whole number here is --draws, as before)")
+                            "top_k, top_p, min_p (optional prompt_ids, text, engine, speculative, max_tokens, completion_tokens); "
+                            "a line with text and no token_ids is tokenised with --target's tokenizer (lines whose count differs "
+                            "from completion_tokens are left out and counted); against --target's law by teacher forcing, or "
+                            "against --baseline-samples (a whole number here is --draws, as before). Bounds: "
+                            f"{MAX_FILE_BYTES // 2**20} MiB, {MAX_SAMPLES:,} lines, {MAX_TOKENS:,} ids a generation, JSON "
+                            f"{MAX_DEPTH} levels deep, integers within 64 bits; ids must lie in the target's vocabulary")
     audit.add_argument("--baseline-samples", default=None, metavar="FILE.jsonl",
-                       help="with --samples: the same engine's generations with speculation off (two-sample test; no weights needed)")
+                       help="with --samples: the same engine's generations with speculation off (two-sample test; no weights "
+                            "needed; compared up to each line's max_tokens when given, else the longest generation; memory "
+                            "and time linear in the tokens)")
     audit.add_argument("--endpoint", default=None, metavar="URL",
                        help="collect generations from an OpenAI-compatible server (vLLM, SGLang, llama.cpp, TGI) with speculation on, "
                             "then audit them (with --target, or --baseline-endpoint)")

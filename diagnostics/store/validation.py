@@ -10,10 +10,11 @@ problem found is returned as one phrase; a file with none renders on every page 
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import duckdb
+
+from diagnostics.untrusted_json import UntrustedJSONError, loads
 
 from diagnostics.store.schema import KINDS, NODE_DECISIONS, STATUSES, SWEEP_ROLES
 
@@ -121,11 +122,13 @@ def _first(con: duckdb.DuckDBPyConnection, checks: list[tuple[str, str]]) -> str
     return None
 
 
-def _json_object(text: str | None) -> dict | None:
-    """The JSON object in ``text`` (``None`` stays ``None``); raises ``ValueError`` otherwise."""
+def _json_object(text: str | None, where: str = "the JSON") -> dict | None:
+    """The JSON object in ``text`` (``None`` stays ``None``), parsed with bounds (``untrusted_json``:
+    nesting, 64-bit integers; non-finite numbers allowed, as this tool's own writer may store them);
+    raises ``ValueError`` (one line naming the bound) otherwise."""
     if text is None:
         return None
-    value = json.loads(text)
+    value = loads(text, where, allow_non_finite=True)
     if not isinstance(value, dict):
         raise ValueError("not a JSON object")
     return value
@@ -152,7 +155,7 @@ def _run_values_problem(con: duckdb.DuckDBPyConnection) -> str | None:
     for column in ("policy", "draft_policy", "rule_params"):
         for (text,) in con.execute(f"SELECT DISTINCT {column} FROM runs WHERE {column} IS NOT NULL").fetchall():
             try:
-                value = _json_object(text)
+                value = _json_object(text, "its JSON")
                 if column != "rule_params":
                     unknown = set(value) - set(Policy.__dataclass_fields__)
                     if unknown:
@@ -171,9 +174,11 @@ def _audits_problem(con: duckdb.DuckDBPyConnection) -> str | None:
         return problem
     for audit_id, layer, verdict, text in con.execute("SELECT audit_id, layer, verdict, evidence FROM audits").fetchall():
         try:
-            evidence: Any = _json_object(text)
+            evidence: Any = _json_object(text, "its JSON")
+        except UntrustedJSONError as error:  # too deep, an integer beyond 64 bits, not JSON: one line
+            return f"the evidence of audit {str(audit_id)[:60]} is not a JSON object within bounds ({str(error)[:120]})"
         except ValueError:
-            return f"the evidence of audit {audit_id} is not a JSON object"
+            return f"the evidence of audit {str(audit_id)[:60]} is not a JSON object"
         problem = evidence_problem(evidence)
         if problem is None and (evidence.get("layer") != layer or evidence.get("verdict") != verdict):
             problem = "its layer or verdict differs from the audit row's"
