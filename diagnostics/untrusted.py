@@ -21,7 +21,7 @@ import unicodedata
 
 # Unicode categories whose characters act instead of showing: controls, formats (bidi overrides,
 # zero-width joiners), surrogates, private use, unassigned, line and paragraph separators.
-_INVISIBLE = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
 
 
 _SHORT = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
@@ -43,7 +43,7 @@ def visible(text: object, keep: str = "", limit: int | None = None) -> str:
     characters in ``keep`` (e.g. ``"\\n\\t"`` for a prompt block) stay as they are. ``limit`` cuts
     the result to that many characters, ending with ``…``."""
     shown = "".join(
-        char if char in keep or unicodedata.category(char) not in _INVISIBLE else _escape(char)
+        char if char in keep or unicodedata.category(char) not in INVISIBLE_CATEGORIES else _escape(char)
         for char in ("" if text is None else str(text))
     )
     if limit is not None and len(shown) > limit:

@@ -496,3 +496,19 @@ def test_a_device_this_machine_lacks_is_a_one_line_error(capsys) -> None:
     assert error.startswith("error: --device cuda: this torch") and len(error.splitlines()) == 1
     assert main(["run", "--device", "gpu0", "--prompt", "hi"]) == 2
     assert "unknown device 'gpu0'" in capsys.readouterr().err
+
+
+def test_json_on_stdout_escapes_characters_that_act():
+    """A bidi override, a zero-width joiner or a lone surrogate from a prompt or a model name is
+    printed as its JSON escape (the terminal shows what it is, and printing cannot fail); readable
+    text stays as it is, and the line parses back to the very same strings."""
+    import json
+
+    from diagnostics.cli.common import json_line
+
+    payload = {"prompt": "café \u202eevil\u200d \ud800 \U000e0041 ok", "n": 1}
+    line = json_line(payload)
+    assert "\u202e" not in line and "\u200d" not in line and "\ud800" not in line and "\U000e0041" not in line
+    assert "café" in line and "\\u202e" in line and "\\udb40\\udc41" in line
+    line.encode("utf-8")  # a lone surrogate would raise here: the finished result would be lost at print time
+    assert json.loads(line) == payload

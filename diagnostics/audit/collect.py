@@ -425,7 +425,8 @@ def sample_from_answer(answer: dict[str, Any], prompt: str, sampling: Sampling, 
         ids, source = _continuation_ids(prompt, text, tokenize, prompt_ids), "retokenized"
         if finish == "stop" and eos_id is not None and reported == len(ids) + 1:
             ids = ids + [eos_id]  # the EOS the engine sampled (its text is empty)
-    line = {"prompt": prompt, "token_ids": ids[:MAX_TOKENS], "temperature": sampling.temperature, "top_k": sampling.top_k,
+    line = {"prompt": prompt, "token_ids": ids[:MAX_TOKENS], "max_tokens": sampling.max_tokens,
+            "temperature": sampling.temperature, "top_k": sampling.top_k,
             "top_p": sampling.top_p, "min_p": sampling.min_p, "text": text[:200_000], "prompt_ids": prompt_ids or None,
             "engine": engine[:200], "speculative": speculative, "finish_reason": str(finish)[:50] if finish else None,
             "seed": seed, "completion_tokens": reported, "ids_source": source, "raw": kept_raw(answer, raw_bytes)}

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
-from typing import Any
 import os
+import sys
 from pathlib import Path
+from typing import Any
+
+from diagnostics.cli.common import json_line
 
 
 def command_audit(args: argparse.Namespace) -> int:
@@ -57,7 +58,7 @@ def command_audit(args: argparse.Namespace) -> int:
         for result in results:
             result["audit_id"] = store.add_audit(result, summary_line(result))
     for result in results:
-        print(json.dumps(json_safe(result), ensure_ascii=False))
+        print(json_line(json_safe(result)))
     if args.all:
         for result in results:
             print(summary_line(result), file=sys.stderr)

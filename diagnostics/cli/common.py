@@ -9,7 +9,10 @@ import math
 import os
 import re
 import sys
+import unicodedata
 from typing import Any
+
+from diagnostics.untrusted import INVISIBLE_CATEGORIES
 
 DEFAULT_EARLY_EXIT = "early-exit:26"
 
@@ -128,7 +131,26 @@ def run_json(run_id: str, run: Any, db: str) -> str:
         "text": run.text,
         "db": db,
     }
-    return json.dumps({key: json_value(value) for key, value in payload.items()}, ensure_ascii=False)
+    return json_line({key: json_value(value) for key, value in payload.items()})
+
+
+def json_line(payload: object) -> str:
+    """``payload`` as one JSON line for a terminal: readable text (``café``) kept, but every
+    character that acts instead of showing (bidi overrides such as U+202E, zero-width joiners,
+    lone surrogates a terminal cannot encode) written as its ``\\uXXXX`` escape, which parses back
+    to the same string. Such characters occur only inside JSON strings, so escaping them anywhere
+    in the text keeps it valid JSON."""
+    return "".join(_json_escape(char) if char > "\x7f" and unicodedata.category(char) in INVISIBLE_CATEGORIES else char
+                   for char in json.dumps(payload, ensure_ascii=False))
+
+
+def _json_escape(char: str) -> str:
+    """``char`` as JSON escapes it: ``\\uXXXX``, or a surrogate pair of them beyond U+FFFF."""
+    code = ord(char)
+    if code <= 0xFFFF:
+        return f"\\u{code:04x}"
+    code -= 0x10000
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
 
 
 def progress_wanted(args: argparse.Namespace) -> bool:

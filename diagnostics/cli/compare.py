@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from diagnostics.cli.common import RULE_LIST_HELP, Progress, add_generation_options, prepare, progress_wanted, run_json
+from diagnostics.cli.common import RULE_LIST_HELP, Progress, add_generation_options, json_line, prepare, progress_wanted, run_json
 
 
 def _shapes(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -61,7 +61,7 @@ def command_compare(args: argparse.Namespace) -> int:
     for (run_id, run), request in zip(results, requests):
         payload = json.loads(run_json(run_id, run, str(store.path)))
         payload.update(group_id=group_id, seed=request.seed, divergence_position=divergence[run_id], reference_run=refs[request.seed])
-        print(json.dumps(payload, ensure_ascii=False), flush=True)
+        print(json_line(payload), flush=True)
     return 0
 
 

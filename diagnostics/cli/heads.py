@@ -4,9 +4,9 @@ layout ``--draft eagle3:DIR`` / ``--draft medusa:DIR`` (and vLLM, SGLang) load."
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
+from diagnostics.cli.common import json_line
 from diagnostics.heads.bounds import (MAX_CONFIG_BYTES, MAX_HEAD_BYTES, MAX_INTERMEDIATE_FACTOR, MAX_MEDUSA_HEADS,
                                       MAX_MEDUSA_LAYERS, MAX_TENSORS)
 
@@ -24,7 +24,7 @@ def command_make_head(args: argparse.Namespace) -> int:
     out = make_head(args.kind, target, args.out, seed=args.seed, medusa_heads=args.heads, medusa_layers=args.layers,
                     draft_vocab=args.draft_vocab, init=args.init or ("target" if args.kind == "medusa" else "random"))
     head = load_head(args.kind, str(out), target)  # what was written loads back, checked against the target
-    print(json.dumps({"head": f"{args.kind}:{out}", "target": target.name, "taps": list(head.taps),
+    print(json_line({"head": f"{args.kind}:{out}", "target": target.name, "taps": list(head.taps),
                       "files": sorted(path.name for path in out.iterdir())}))
     return 0
 

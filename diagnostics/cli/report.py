@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
+
+from diagnostics.cli.common import json_line
 
 
 def command_report(args: argparse.Namespace) -> int:
@@ -32,8 +33,8 @@ def command_report(args: argparse.Namespace) -> int:
         raise ValueError(f"cannot write {output}: {error.strerror or error}") from None
     for note in completion.notes("reported"):
         print(f"note: {visible(note, limit=500)}", file=sys.stderr)
-    print(json.dumps({"report": str(output.resolve()), "runs": completion.run_ids, "audits": args.audit,
-                      "added_for_groups": completion.added, "bytes": len(text.encode())}, ensure_ascii=False))
+    print(json_line({"report": str(output.resolve()), "runs": completion.run_ids, "audits": args.audit,
+                      "added_for_groups": completion.added, "bytes": len(text.encode())}))
     return 0
 
 

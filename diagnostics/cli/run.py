@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from diagnostics.cli.common import Parser, Progress, add_generation_options, prepare, progress_wanted, rule_help, run_json
+from diagnostics.cli.common import Parser, Progress, add_generation_options, json_line, prepare, progress_wanted, rule_help, run_json
 
 
 def command_run(args: argparse.Namespace) -> int:
@@ -77,7 +77,7 @@ def command_replay(args: argparse.Namespace) -> int:
     payload = json.loads(run_json(run_id, run, str(store.path)))
     stored_tokens = [int(token) for token in stored.get("tokens") or []]
     payload.update(replay_of=args.replay, reproduced=list(run.tokens) == stored_tokens)
-    print(json.dumps(payload, ensure_ascii=False), flush=True)
+    print(json_line(payload), flush=True)
     return 0
 
 

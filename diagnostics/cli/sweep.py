@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
-from diagnostics.cli.common import DEFAULT_EARLY_EXIT, add_generation_options, progress_wanted, request_of
+from diagnostics.cli.common import DEFAULT_EARLY_EXIT, add_generation_options, json_line, progress_wanted, request_of
 
 
 def command_sweep(args: argparse.Namespace) -> int:
@@ -128,8 +127,8 @@ def _print_sweep(store, sweep_id: str, cost: float) -> int:
 
     summaries = summarise_sweep(sweep_table(store, sweep_id, cost))
     sweep = store.get_sweep(sweep_id)
-    print(json.dumps({"sweep_id": sweep_id, "status": sweep["status"], "units": sweep["units"], "units_done": sweep["units_done"],
-                      "cost_ratio": round(cost, 4), "db": str(store.path), "settings": as_rows(summaries)}, ensure_ascii=False))
+    print(json_line({"sweep_id": sweep_id, "status": sweep["status"], "units": sweep["units"], "units_done": sweep["units_done"],
+                      "cost_ratio": round(cost, 4), "db": str(store.path), "settings": as_rows(summaries)}))
     for summary in summaries:
         if summary.role == "rule":
             print(summary.verdict(), file=sys.stderr)
