@@ -103,6 +103,24 @@ def test_two_sample_finds_no_difference_between_speculation_on_and_off(collected
     assert result["settings"]["contexts"] > 0
 
 
+def test_the_servers_text_alone_gets_the_same_verdict(collected, tmp_path, capsys) -> None:
+    """The engine's output as many engines' example programs print it, text only (no ids): the
+    audit tokenises the text with --target (as the collector did, checking completion_tokens) and
+    reaches the same verdict, p-value and token count as the file with ids."""
+    path, with_ids = collected[True]
+    samples = load_samples(path)
+    for sample in samples:
+        sample.token_ids, sample.ids_source = [], None
+    text_only = write_samples(tmp_path / "text-only.jsonl", samples)
+    assert all(not line["token_ids"] and line["text"] is not None for line in map(json.loads, text_only.read_text().splitlines()))
+    capsys.readouterr()
+    assert main(["audit", "--samples", str(text_only), "--target", "default", "--detect-tv", "0.1"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert (result["verdict"], result["tokens"], result["p_value"]) == (with_ids["verdict"], with_ids["tokens"], with_ids["p_value"])
+    assert main(["audit", "--samples", str(text_only), "--detect-tv", "0.1"]) == 2  # without --target: refused, saying why
+    assert "give --target" in capsys.readouterr().err
+
+
 def test_a_misdeclared_temperature_from_the_server_fails(collected, tmp_path, capsys) -> None:
     """Generated at 0.7, declared 1.0."""
     samples = load_samples(collected[True][0])
