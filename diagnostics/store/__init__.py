@@ -1,18 +1,19 @@
 """DuckDB storage of runs, positions and audits: the only package that speaks SQL.
 
-``core`` (the ``Store``, ``RunWriter`` and errors), ``schema`` (tables, columns, the file check),
-``validation`` (value checks of a shared file), ``sharing`` (export and read-only import).
+``core`` (the ``Store``: connections, locks, the file check, reaping dead writers), one mixin per
+table family (``runs``: runs and positions; ``audits``; ``trees``; ``sweeps``), ``writers``
+(``RunWriter``, ``WriterGroup``), ``errors``, ``schema`` (tables, columns), ``validation`` (value
+checks of a shared file), ``sharing`` (export and read-only import).
 """
 
 from diagnostics.store.core import (
     DEFAULT_DB,
     LOCK_WAIT_S,
-    RunWriter,
-    WriterGroup,
     Store,
     default_db_path,
 )
 from diagnostics.store.errors import StoreBusy, StoreError, StoreFull
+from diagnostics.store.writers import RunWriter, WriterGroup
 from diagnostics.store.schema import (
     AUDIT_COLUMNS,
     KINDS,

@@ -9,17 +9,13 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import datetime, timezone
 from typing import Any
 
 import pandas as pd
 
 from diagnostics.store.errors import StoreError
+from diagnostics.store.runs import now
 from diagnostics.store.schema import SWEEP_COLUMNS, SWEEP_RUN_COLUMNS
-
-
-def _now() -> datetime:
-    return datetime.now(timezone.utc).replace(tzinfo=None)
 
 
 class SweepTables:
@@ -38,7 +34,7 @@ class SweepTables:
         sweep_id = uuid.uuid4().hex[:12]
         with self.connect() as con:
             con.execute(f"INSERT INTO sweeps ({', '.join(SWEEP_COLUMNS)}) VALUES ({', '.join('?' for _ in SWEEP_COLUMNS)})",
-                        [sweep_id, _now(), None, "running", json.dumps(settings, sort_keys=True), units, 0, None, __version__])
+                        [sweep_id, now(), None, "running", json.dumps(settings, sort_keys=True), units, 0, None, __version__])
         return sweep_id
 
     def set_sweep_status(self, sweep_id: str, status: str, units_done: int | None = None, error: str | None = None) -> None:
@@ -48,7 +44,7 @@ class SweepTables:
         if units_done is not None:
             values["units_done"] = units_done
         if status != "running":
-            values["finished"] = _now()
+            values["finished"] = now()
         assignments = ", ".join(f"{key} = ?" for key in values)
         with self.connect() as con:
             con.execute(f"UPDATE sweeps SET {assignments} WHERE sweep_id = ?", [*values.values(), sweep_id])

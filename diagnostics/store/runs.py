@@ -1,0 +1,200 @@
+"""The ``runs`` and ``positions`` tables of a runs database: a run starts ``running``, gains its
+positions in Arrow batches (with its tree rounds and nodes), and ends ``complete``,
+``interrupted`` or ``failed`` with its summary columns. A mixin of ``Store``."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import uuid
+from datetime import datetime, timezone
+from typing import Any
+
+import duckdb
+import pandas as pd
+import pyarrow as pa
+
+from diagnostics import __version__
+from diagnostics.engine import PositionRecord
+from diagnostics.store.errors import StoreError
+from diagnostics.store.schema import ARROW_POSITIONS, POSITION_COLUMNS, RUN_COLUMNS, STATUSES
+
+
+def now() -> datetime:
+    return datetime.now(timezone.utc).replace(tzinfo=None)  # stored as UTC
+
+
+def _writer_tag() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def writer_tag() -> str:
+    """``host:pid`` of this process, stored with the runs it writes (to find them when it dies)."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def summary_from_positions(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, Any]:
+    """The summary columns that the stored positions determine: the token list, its length and
+    text (token texts joined), accepted drafts, target passes (blocks), block efficiency and
+    the distortion means. Used for a run whose writer died before it wrote them."""
+    tokens, count, text, accepted, blocks, mean_tv, mean_baseline, max_tv = con.execute(
+        "SELECT list(token ORDER BY position), count(*), string_agg(token_text, '' ORDER BY position), "
+        "count(*) FILTER (WHERE kind = 'accepted'), count(DISTINCT block), avg(tv_target), avg(tv_baseline), max(tv_target) "
+        "FROM positions WHERE run_id = ?", [run_id]).fetchone()
+    return {"tokens": list(tokens or []), "n_tokens": int(count), "output_text": text or "", "accepted": int(accepted),
+            "target_passes": int(blocks), "block_efficiency": count / blocks if blocks else None,
+            "mean_tv_target": mean_tv, "mean_tv_baseline": mean_baseline, "max_tv_target": max_tv}
+
+
+class RunTables:
+    """Writes and reads of ``runs`` and ``positions``."""
+
+    def start_run(self, fields_: dict[str, Any]) -> str:
+        """Insert a ``running`` run and return its id."""
+        self._writable()
+        run_id = fields_.get("run_id") or uuid.uuid4().hex[:12]
+        row = {name: None for name in RUN_COLUMNS}
+        row.update({key: value for key, value in fields_.items() if key in RUN_COLUMNS})
+        row.update(run_id=run_id, created=now(), status="running", software_version=__version__, writer=writer_tag())
+        for key in ("rule_params", "policy", "draft_policy"):
+            if row[key] is not None and not isinstance(row[key], str):
+                row[key] = json.dumps(row[key], sort_keys=True)
+        columns = list(row)
+        with self.connect() as con:
+            con.execute(
+                f"INSERT INTO runs ({', '.join(columns)}) VALUES ({', '.join('?' for _ in columns)})",
+                [row[name] for name in columns],
+            )
+        return run_id
+
+    def add_positions(self, run_id: str, records: list[PositionRecord]) -> None:
+        """Append records in one Arrow batch."""
+        self.add_many([(run_id, records)], [])
+
+    def add_many(self, positions: list[tuple[str, list[PositionRecord]]],
+                 trees: list[tuple[str, list[dict[str, Any]], list[dict[str, Any]]]],
+                 finishes: list[tuple[str, str, dict[str, Any] | None, str | None]] | None = None) -> None:
+        """Append the records of several runs (and their tree rounds and nodes) in one connection,
+        one Arrow batch per table, then set the final status of the runs in ``finishes`` (``run_id,
+        status, summary, error``, as ``finish_run``): what a batch of runs writes as it goes."""
+        self._writable()
+        updates = [self._finish_values(*finish) for finish in finishes or []]
+        columns: dict[str, list[Any]] = {name: [] for name in POSITION_COLUMNS}
+        for run_id, records in positions:
+            for record in records:
+                columns["run_id"].append(run_id)
+                for name in POSITION_COLUMNS:
+                    if name != "run_id":
+                        columns[name].append(getattr(record, name))
+        rounds = [{**row, "run_id": run_id} for run_id, run_rounds, _ in trees for row in run_rounds]
+        nodes = [{**row, "run_id": run_id} for run_id, _, run_nodes in trees for row in run_nodes]
+        if not columns["run_id"] and not rounds and not nodes and not updates:
+            return
+        with self.connect() as con:
+            if columns["run_id"]:
+                con.register("position_batch", pa.table(columns, schema=ARROW_POSITIONS))
+                con.execute("INSERT INTO positions SELECT * FROM position_batch")
+                con.unregister("position_batch")
+            if rounds or nodes:
+                self.insert_tree_rows(con, rounds, nodes)
+            for run_id, values in updates:
+                con.execute(f"UPDATE runs SET {', '.join(f'{key} = ?' for key in values)} WHERE run_id = ?", [*values.values(), run_id])
+
+    def finish_run(self, run_id: str, status: str, summary: dict[str, Any] | None = None, error: str | None = None) -> None:
+        """Set the final status and the summary columns."""
+        self.add_many([], [], [(run_id, status, summary, error)])
+
+    @staticmethod
+    def _finish_values(run_id: str, status: str, summary: dict[str, Any] | None, error: str | None) -> tuple[str, dict[str, Any]]:
+        if status not in STATUSES:
+            raise StoreError(f"unknown status {status!r}")
+        values = {key: value for key, value in (summary or {}).items() if key in RUN_COLUMNS and key != "run_id"}
+        values.update(status=status, error=error, finished=now())
+        return run_id, values
+
+    def set_group(self, run_ids: list[str], group_id: str, divergence: dict[str, int | None]) -> None:
+        """Tag coupled runs with one group id and each run's first divergence from the group's first run."""
+        self._writable()
+        with self.connect() as con:
+            for run_id in run_ids:
+                con.execute(
+                    "UPDATE runs SET group_id = ?, divergence_position = ? WHERE run_id = ?",
+                    [group_id, divergence.get(run_id), run_id],
+                )
+
+    def delete_runs(self, run_ids: list[str]) -> int:
+        """Delete runs and their positions; returns how many runs were removed."""
+        self._writable()
+        if not run_ids:
+            return 0
+        marks = ", ".join("?" for _ in run_ids)
+        with self.connect() as con:
+            con.execute("BEGIN TRANSACTION")
+            con.execute(f"DELETE FROM positions WHERE run_id IN ({marks})", run_ids)
+            con.execute(f"DELETE FROM audits WHERE run_id IN ({marks})", run_ids)
+            con.execute(f"DELETE FROM tree_nodes WHERE run_id IN ({marks})", run_ids)
+            con.execute(f"DELETE FROM tree_rounds WHERE run_id IN ({marks})", run_ids)
+            con.execute(f"DELETE FROM sweep_runs WHERE run_id IN ({marks})", run_ids)
+            removed = con.execute(f"DELETE FROM runs WHERE run_id IN ({marks}) RETURNING run_id", run_ids).fetchall()
+            con.execute("COMMIT")
+        return len(removed)
+
+    def list_runs(self, status: str | None = None, search: str | None = None) -> pd.DataFrame:
+        """Runs, newest first, optionally filtered by status and by text in prompt, rule or models
+        (``search`` is matched literally: ``%`` and ``_`` are not wildcards). A run whose writer
+        is still going (or died in a read-only file) counts its stored positions as ``n_tokens``."""
+        clauses, params = [], []
+        if status:
+            clauses.append("status = ?")
+            params.append(status)
+        if search:
+            clauses.append("(" + " OR ".join(f"{column} ILIKE ? ESCAPE '\\'" for column in ("prompt", "rule", "target", "draft")) + ")")
+            literal = search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+            params.extend([f"%{literal}%"] * 4)
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        with self.connect() as con:
+            # Only runs without a count (still being written, or a dead writer's in a read-only
+            # file) have their positions counted: a full scan of positions would cost every page.
+            return con.execute(
+                "WITH missing AS (SELECT run_id FROM runs WHERE n_tokens IS NULL), "
+                "counts AS (SELECT run_id, count(*)::INTEGER AS n FROM positions SEMI JOIN missing USING (run_id) GROUP BY run_id) "
+                "SELECT runs.* REPLACE (coalesce(runs.n_tokens, counts.n, 0)::INTEGER AS n_tokens) "
+                f"FROM runs LEFT JOIN counts USING (run_id) {where} ORDER BY created DESC", params).df()
+
+    def get_run(self, run_id: str) -> dict[str, Any] | None:
+        """One run as a dict; a run still being written (or whose writer died, in a file opened
+        read-only) gets its token list, count and text from its stored positions."""
+        row = self._one("SELECT * FROM runs WHERE run_id = ?", [run_id])
+        if row is not None and (row["tokens"] is None or row["n_tokens"] is None):
+            with self.connect() as con:
+                rebuilt = summary_from_positions(con, run_id)
+            for key in ("tokens", "n_tokens", "output_text"):
+                row[key] = rebuilt[key]
+        return row
+
+    def run_outcomes(self, run_ids: list[str]) -> dict[str, dict[str, Any]]:
+        """``status`` and ``output_text`` of several finished runs, in one query."""
+        if not run_ids:
+            return {}
+        with self.connect() as con:
+            rows = con.execute(f"SELECT run_id, status, output_text FROM runs WHERE run_id IN ({', '.join('?' for _ in run_ids)})",
+                               list(run_ids)).fetchall()
+        return {run_id: {"status": status, "output_text": text} for run_id, status, text in rows}
+
+    def positions(self, run_id: str) -> pd.DataFrame:
+        """Every recorded position of a run, in order."""
+        with self.connect() as con:
+            return con.execute("SELECT * FROM positions WHERE run_id = ? ORDER BY position", [run_id]).df()
+
+    def position(self, run_id: str, position: int) -> dict[str, Any] | None:
+        """One position with its top-k of ``p`` and ``q``."""
+        return self._one("SELECT * FROM positions WHERE run_id = ? AND position = ?", [run_id, position])
+
+    def group(self, group_id: str) -> pd.DataFrame:
+        """The coupled runs of one comparison, in the order they were run."""
+        with self.connect() as con:
+            return con.execute("SELECT * FROM runs WHERE group_id = ? ORDER BY created", [group_id]).df()
+
+
+__all__ = ["RunTables", "now", "summary_from_positions", "writer_tag"]
