@@ -161,7 +161,6 @@ def record_batch(
     groups = group_ids if isinstance(group_ids, list) else [group_ids] * len(requests)
     writers: dict[int, RunWriter] = {}
     shared = WriterGroup(store)  # the rows' records go to the store together, one connection per flush
-    partial: dict[int, list[PositionRecord]] = {}
     callbacks: dict[int, Callable[[PositionRecord], None] | None] = {}
     done: set[int] = set()
     results: list[tuple[str | None, Run | None]] = [(None, None)] * len(requests)
@@ -169,11 +168,9 @@ def record_batch(
     def start(index: int) -> None:
         writers[index] = RunWriter(store, run_fields(requests[index], target.name, prompt_ids[index], groups[index], where),
                                    group=shared)
-        partial[index] = []
         callbacks[index] = on_record_for(index, requests[index]) if on_record_for is not None else None
 
     def keep(index: int, record: PositionRecord) -> None:
-        partial[index].append(record)
         writers[index].add(record)
         callback = callbacks[index]
         if callback is not None:
@@ -204,13 +201,11 @@ def record_batch(
         raise
     except BaseException:
         # Ctrl-C, or a dashboard rerun stopping the script: keep what each row recorded.
+        # Its summary is what the stored positions determine (the drafts a round discarded are not
+        # among them, so the drafted count stays unknown).
         for index, writer in writers.items():
-            if index in done:
-                continue
-            tokens = [record.token for record in partial[index]]
-            text = target.tokenizer.decode(tokens, skip_special_tokens=True) if target.tokenizer is not None else None
-            writer.close_quietly("interrupted", {"tokens": tokens, "n_tokens": len(tokens), "output_text": text,
-                                                 "stop_reason": "interrupted"}, error="interrupted by the user")
+            if index not in done:
+                writer.close_quietly("interrupted", error="interrupted by the user")
         raise
     return results
 

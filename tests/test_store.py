@@ -107,6 +107,15 @@ def test_interrupted_runs_keep_what_was_recorded(tmp_path: Path, tiny) -> None:
         record_run(store, tiny, "ngram:2", _request(max_new_tokens=40), on_record=boom)
     latest = store.list_runs().iloc[0]
     assert latest["status"] == "interrupted" and len(store.positions(latest["run_id"])) >= 4
+    # Cut off before its summary (Ctrl-C, or a dashboard Stop rerunning the page): the summary its
+    # stored positions determine, as for a dead writer, and the drafted count left unknown.
+    cut = store.get_run(latest["run_id"])
+    positions = store.positions(latest["run_id"])
+    assert cut["n_tokens"] == len(positions) and cut["tokens"] == positions["token"].tolist()
+    assert cut["accepted"] == int((positions["kind"] == "accepted").sum())
+    assert cut["target_passes"] == positions["block"].nunique() and cut["block_efficiency"] == len(positions) / positions["block"].nunique()
+    assert cut["mean_tv_target"] == pytest.approx(positions["tv_target"].mean())
+    assert cut["drafted"] is None and cut["error"] == "interrupted by the user" and cut["stop_reason"] == "interrupted"
 
 
 def test_failed_run_keeps_its_error(tmp_path: Path, tiny) -> None:

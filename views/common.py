@@ -294,13 +294,17 @@ def headline_metrics(run: dict, positions, target: LoadedModel | None, key: str)
         shown = "–" if value is None or value != value else f"{value:.3f}" + ("×" if name == "modelled speed-up" else "")
         column.metric(name, shown, help=METRIC_HELP[name])  # literal-ok: names from the list above
     rate, speed = run.get("acceptance_rate"), run.get("tokens_per_s")
+    drafted = run.get("drafted")
+    drafted = "–" if drafted is None or drafted != drafted else int(drafted)  # unknown for a run cut off before its summary
+    if run.get("status") == "interrupted":
+        st.caption(md("Interrupted ({why}): the figures cover the positions it stored.", why=run.get("error") or "no reason stored"))
     if tree:
         st.caption(f"Details: {accepted} positions kept a drafted node and {rejected} refused every candidate; "  # literal-ok: counts and formatted numbers
-                   f"{int(run.get('drafted') or 0)} nodes drafted in {int(run.get('target_passes') or 0)} rounds "
+                   f"{drafted} nodes drafted in {int(run.get('target_passes') or 0)} rounds "
                    f"(one target forward each); modelled speed-up = tokens per round / (depth·c + 1); wall clock on the "
                    f"machine that ran it: {'–' if speed is None or speed != speed else f'{speed:.1f}'} tokens/s.")
         return
-    st.caption(f"Details: {accepted} accepted and {rejected} rejected of {int(run.get('drafted') or 0)} drafted tokens "  # literal-ok: counts and formatted numbers
+    st.caption(f"Details: {accepted} accepted and {rejected} rejected of {drafted} drafted tokens "  # literal-ok: counts and formatted numbers
                f"(acceptance rate over every drafted token, discarded ones included: {'–' if rate is None or rate != rate else f'{rate:.3f}'}); "
                f"wall clock on the machine that ran it: {'–' if speed is None or speed != speed else f'{speed:.1f}'} tokens/s.")
 

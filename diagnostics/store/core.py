@@ -34,7 +34,7 @@ import duckdb
 from diagnostics.store.schema import CREATE, MIGRATIONS, SCHEMA_VERSION, schema_problem
 from diagnostics.store.audits import AuditTables
 from diagnostics.store.errors import StoreBusy, StoreError, StoreFull
-from diagnostics.store.runs import RunTables, now, summary_from_positions
+from diagnostics.store.runs import RunTables
 from diagnostics.store.sweeps import SweepTables
 from diagnostics.store.trees import TreeTables
 from diagnostics.store.validation import content_problem
@@ -241,13 +241,8 @@ class Store(RunTables, AuditTables, TreeTables, SweepTables):
     def _reap(self, run_ids: list[str]) -> None:
         """Runs left ``running`` by a process that no longer exists become ``interrupted``, with the
         summary columns their positions determine (tokens, count, text, blocks, distortion)."""
-        with self.connect() as con:
-            for run_id in run_ids:
-                values = {**summary_from_positions(con, run_id), "status": "interrupted", "finished": now(),
-                          "stop_reason": "interrupted",
-                          "error": "the writing process ended before the run finished; kept what it stored"}
-                assignments = ", ".join(f"{key} = ?" for key in values)
-                con.execute(f"UPDATE runs SET {assignments} WHERE run_id = ? AND status = 'running'", [*values.values(), run_id])
+        for run_id in run_ids:
+            self.finish_from_positions(run_id, "the writing process ended before the run finished; kept what it stored")
 
     def _writable(self) -> None:
         if self.read_only:

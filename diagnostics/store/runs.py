@@ -113,6 +113,16 @@ class RunTables:
         values.update(status=status, error=error, finished=now())
         return run_id, values
 
+    def finish_from_positions(self, run_id: str, error: str) -> None:
+        """End a ``running`` run as ``interrupted`` with the summary columns its stored positions
+        determine (``summary_from_positions``): for a run whose writer could not compute them (a
+        Ctrl-C, a dashboard Stop that reruns the page, a writer that died)."""
+        with self.connect() as con:
+            values = {**summary_from_positions(con, run_id), "status": "interrupted", "finished": now(),
+                      "stop_reason": "interrupted", "error": error}
+            assignments = ", ".join(f"{key} = ?" for key in values)
+            con.execute(f"UPDATE runs SET {assignments} WHERE run_id = ? AND status = 'running'", [*values.values(), run_id])
+
     def set_group(self, run_ids: list[str], group_id: str, divergence: dict[str, int | None]) -> None:
         """Tag coupled runs with one group id and each run's first divergence from the group's first run."""
         self._writable()

@@ -97,8 +97,9 @@ class RunWriter:
 
     def close_quietly(self, status: str, summary: dict[str, Any] | None = None, error: str | None = None) -> str | None:
         """``finish`` for a run that is ending badly (an error, Ctrl-C, a full disk): flush and
-        record what can still be written, never raise. Returns why something could not be
-        written, or ``None`` when everything was."""
+        record what can still be written, never raise; an ``interrupted`` run without a
+        ``summary`` gets the one its stored positions determine. Returns why something could not
+        be written, or ``None`` when everything was."""
         self.closed = True
         problem = None
         try:
@@ -107,7 +108,10 @@ class RunWriter:
             problem = str(failure)
             self._buffer, self._rounds, self._nodes = [], [], []
         try:
-            self.store.finish_run(self.run_id, status, summary, error)
+            if status == "interrupted" and summary is None:
+                self.store.finish_from_positions(self.run_id, error or "interrupted")
+            else:
+                self.store.finish_run(self.run_id, status, summary, error)
         except StoreError as failure:
             problem = problem or str(failure)
         return problem
