@@ -1,0 +1,81 @@
+"""What every figure shares: colours, safe token labels, the tokens worth showing, marks above bars.
+
+Token text is untrusted: every label passes through ``safe_label`` (HTML-escaped, control
+characters made visible) before it reaches a figure, because Plotly renders a subset of HTML
+in labels and hover text.
+"""
+
+from __future__ import annotations
+
+import html
+
+import plotly.graph_objects as go
+import torch
+
+from diagnostics.explain import StepView
+from diagnostics.untrusted import visible
+
+COLORS = {
+    "p": "#1f77b4",  # target
+    "q": "#ff7f0e",  # draft
+    "induced": "#2ca02c",
+    "baseline": "#7f7f7f",
+    "fallback": "#9467bd",
+    "overshoot": "rgba(255, 127, 14, 0.12)",
+    "severe": "rgba(214, 39, 40, 0.22)",
+    "allowed": "#17becf",
+    "ceiling": "#d62728",
+}
+RULE_COLORS = ["#d62728", "#9467bd", "#1f77b4", "#2ca02c", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]
+
+
+def safe_label(text: str, limit: int = 40) -> str:
+    """Token text made safe for a chart: control characters shown as escapes, HTML escaped, cut to ``limit``."""
+    return html.escape(visible(text, limit=limit), quote=True)
+
+
+def shown_tokens(view: StepView, top_n: int, must: tuple[int | None, ...] = ()) -> list[int]:
+    """Tokens worth showing, ordered by ``p`` (largest first): all when the vocabulary is small, else
+    the top ``top_n`` by ``max(p, q, P, f)`` plus every token in ``must`` (the drafted and emitted
+    tokens are always shown, however unlikely)."""
+    vocab = view.p_target.numel()
+    if vocab <= top_n:
+        tokens = list(range(vocab))
+    else:
+        score = torch.stack([view.p_target, view.q_draft, view.induced, view.fallback]).amax(0)
+        tokens = torch.topk(score, top_n).indices.tolist()
+        tokens += [int(token) for token in must if token is not None and 0 <= int(token) < vocab and int(token) not in tokens]
+    return sorted(tokens, key=lambda token: (-float(view.p_target[token]), token))
+
+
+def category_labels(view: StepView, tokens: list[int]) -> list[str]:
+    labels = [safe_label(view.labels[index]) for index in tokens]
+    # Plotly needs distinct category names; prefix ids only when labels collide.
+    if len(set(labels)) != len(labels):
+        labels = [f"{index}:{label}" for index, label in zip(tokens, labels)]
+    return labels
+
+
+def mark_tokens(figure: go.Figure, labels: list[str], tokens: list[int], marks: list[tuple[int | None, str, str, str]],
+                 height: float, **where: int) -> None:
+    """Labelled markers above the bars of chosen tokens: ``(token, text, symbol, colour)``; two
+    marks on one token stack."""
+    level = 0
+    for token, text, symbol, color in marks:
+        if token is None or int(token) not in tokens:
+            continue
+        column = tokens.index(int(token))
+        # One height per mark, so labels on neighbouring tokens never overlap.
+        figure.add_scatter(x=[labels[column]], y=[height * (1.06 + 0.09 * level)], mode="markers+text", name=text,
+                           text=[text], textposition="middle right", showlegend=False, cliponaxis=False,
+                           marker={"symbol": symbol, "size": 13, "color": color},
+                           hovertemplate=f"%{{x}}: {text}<extra></extra>", **where)
+        level += 1
+
+def fmt_value(value: object, digits: int = 4) -> str:
+    if value is None or (isinstance(value, float) and value != value):
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+

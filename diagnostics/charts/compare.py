@@ -1,0 +1,69 @@
+"""Compare's figure: the first divergence of several rules at one position."""
+
+from __future__ import annotations
+
+import html
+
+import plotly.graph_objects as go
+import torch
+
+from diagnostics.charts.common import COLORS, RULE_COLORS, category_labels, mark_tokens, shown_tokens
+from diagnostics.explain import StepView
+
+
+def divergence_figure(p_target: torch.Tensor, q_draft: torch.Tensor, steps: list[tuple[StepView, dict]],
+                      top_n: int = 14) -> go.Figure:
+    """The first divergence on one chart: left, ``p``, ``q`` and each rule's fallback law over the
+    tokens that matter (by ``p``; the drafted token and every rule's emitted token always shown,
+    each marked); right, each rule's ``a(x)`` of the drafted token against the shared coin ``u``
+    (a bar that reaches above the line accepts).
+
+    ``steps``: one ``(view, record)`` per rule, the view from ``explain_step`` at the shared
+    ``(p, q)`` and the record of that rule's run at the divergence.
+    """
+    from plotly.subplots import make_subplots
+
+    first_view = steps[0][0]
+    draft_token = steps[0][1].get("draft_token")
+    emitted = [int(record["token"]) for _, record in steps]
+    tokens = shown_tokens(first_view, top_n, (draft_token, *emitted))
+    labels = category_labels(first_view, tokens)
+    figure = make_subplots(rows=1, cols=2, column_widths=[0.74, 0.26], horizontal_spacing=0.09,
+                           subplot_titles=("laws at this position", "a(x) of the draft vs the coin u"))
+
+    def values(tensor: torch.Tensor) -> list[float]:
+        return [float(tensor[index]) for index in tokens]
+
+    figure.add_bar(name="target p", x=labels, y=values(p_target), marker_color=COLORS["p"], row=1, col=1,
+                   hovertemplate="%{x}<br>p = %{y:.4f}<extra></extra>")
+    figure.add_bar(name="draft q", x=labels, y=values(q_draft), marker_color=COLORS["q"], row=1, col=1,
+                   hovertemplate="%{x}<br>q = %{y:.4f}<extra></extra>")
+    marks: list[tuple[int | None, str, str, str]] = [(draft_token, "drafted x", "triangle-down", COLORS["q"])]
+    tallest = max(values(p_target) + values(q_draft))
+    for index, (view, record) in enumerate(steps):
+        color = RULE_COLORS[index % len(RULE_COLORS)]
+        spec = html.escape(view.spec)
+        if record["kind"] == "rejected":
+            fallback = values(view.fallback)
+            tallest = max(tallest, *fallback)
+            figure.add_bar(name=f"fallback law of {spec}", x=labels, y=fallback, marker_color=color, opacity=0.75, row=1, col=1,
+                           hovertemplate=f"%{{x}}<br>{spec} fallback = %{{y:.4f}}<extra></extra>")
+        marks.append((int(record["token"]), f"{spec} emits", "star", color))
+    mark_tokens(figure, labels, tokens, marks, tallest, row=1, col=1)
+    coin = steps[0][1].get("u_accept")
+    specs = [html.escape(view.spec) for view, _ in steps]
+    accepts = [record.get("accept_prob") for _, record in steps]
+    if draft_token is not None and all(value is not None for value in accepts):
+        figure.add_bar(name="a(x)", x=specs, y=accepts, showlegend=False, row=1, col=2,
+                       marker_color=[RULE_COLORS[index % len(RULE_COLORS)] for index in range(len(steps))],
+                       hovertemplate="%{x}<br>a(x) = %{y:.4f}<extra></extra>")
+        if coin is not None:
+            figure.add_scatter(name=f"coin u = {coin:.3f}", x=specs, y=[coin] * len(specs), mode="lines+markers", row=1, col=2,
+                               line={"color": "#111111", "dash": "dash", "width": 2}, marker={"size": 6},
+                               hovertemplate="coin u = %{y:.4f}<extra></extra>")
+        figure.update_yaxes(range=[0, 1.05], title_text="probability", row=1, col=2)
+    figure.update_yaxes(title_text="probability", range=[0, tallest * 1.35], row=1, col=1)
+    figure.update_layout(barmode="group", height=440, margin={"t": 40, "b": 40, "l": 50, "r": 10},
+                         legend={"orientation": "h", "y": -0.15}, xaxis_type="category")
+    return figure
+
