@@ -46,7 +46,8 @@ def test_law_figure_shades_overshoot_and_marks_the_ceiling() -> None:
     assert [(s["x0"], s["fillcolor"]) for s in shapes] == [(1.5, "rgba(255, 127, 14, 0.12)"), (2.5, "rgba(214, 39, 40, 0.22)")]
     ceiling = next(t for t in figure["data"] if t["name"] == "ceiling p/l")
     assert list(ceiling["customdata"]) == [1.1, 0.5, 0.3, 0.1]
-    assert max(ceiling["y"]) < 0.6  # p/l = 1.1 is clipped at the chart's top, its value kept for the hover
+    top = figure["layout"]["yaxis"]["range"][1]
+    assert max(ceiling["y"]) < min(top, 1.1)  # p/l = 1.1 is clipped at the chart's top, its value kept for the hover
 
 
 def test_labels_are_escaped() -> None:
@@ -187,3 +188,141 @@ def test_token_axes_stay_categories_when_tokens_look_like_numbers() -> None:
 
     assert modelled_tree_speedup(3.0, 3, 0.5) == 3.0 / 2.5
     assert modelled_tree_speedup(float("nan"), 3, 0.5) == 1.0
+
+
+# -- issue 32: charts that tell the truth ------------------------------------------------------------
+
+# plotly.js decodes only these named entities (its svg_text_utils entityToUnicode), plus numeric ones.
+PLOTLY_ENTITIES = {"mu": "μ", "amp": "&", "lt": "<", "gt": ">", "nbsp": "\xa0", "times": "×", "plusmn": "±", "deg": "°"}
+
+
+def _as_plotly_shows(text: str) -> str:
+    """The text plotly.js draws for a label: its own entity decoding (one pass), nothing else."""
+    import re
+
+    def decode(match: re.Match) -> str:
+        name = match.group(1)
+        if name.startswith("#"):
+            return chr(int(name[2:], 16) if name[1] == "x" else int(name[1:]))
+        return PLOTLY_ENTITIES.get(name, match.group(0))
+
+    return re.sub(r"&(#\d+|#x[\da-fA-F]+|[a-z]+);", decode, text)
+
+
+def test_a_token_with_a_quote_is_escaped_exactly_once() -> None:
+    """Inspect showed `&quot;` as a tick: html.escape(quote=True) writes &quot;, which plotly.js
+    does not decode. Each label, decoded as plotly.js does, is the token itself; no tag survives."""
+    import html
+
+    p_target = torch.tensor([0.4, 0.3, 0.2, 0.1], dtype=torch.float64)
+    q_draft = torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=torch.float64)
+    labels = ['say "hi"', "it's", "a&amp;b", "<b>x</b>"]
+    view = explain_step(get_rule("lossless"), p_target, q_draft, labels)
+    shown = law_figure(view, draft_token=1, emitted_token=0).to_dict()["data"][0]["x"]
+    assert [_as_plotly_shows(label) for label in shown] == labels
+    assert '"' in shown[0] and "&quot;" not in "".join(shown) and "<b>" not in "".join(shown)
+    # Negative control: the old escaping shows the entity itself.
+    assert _as_plotly_shows(html.escape('say "hi"', quote=True)) == "say &quot;hi&quot;"
+
+
+def test_leading_and_trailing_spaces_show_as_a_visible_space_on_every_token_chart() -> None:
+    """` In` and `In` are different tokens but SVG trims a tick's leading space: every chart draws
+    it as ␣ (trailing spaces and runs of spaces too; a space between words stays)."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from diagnostics.charts import divergence_figure, tracks_figure, tree_candidates_figure, tree_round_figure
+
+    p_target = torch.tensor([0.4, 0.3, 0.2, 0.1], dtype=torch.float64)
+    q_draft = torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=torch.float64)
+    labels = [" In", "In", "In ", "a  b c"]
+    expected = ["␣In", "In", "In␣", "a␣␣b c"]
+    view = explain_step(get_rule("lossless"), p_target, q_draft, labels)
+    assert list(law_figure(view).to_dict()["data"][0]["x"]) == expected
+    steps = [(view, {"kind": "rejected", "token": 0, "draft_token": 1, "accept_prob": 0.5, "u_accept": 0.7})]
+    assert list(divergence_figure(p_target, q_draft, steps).to_dict()["data"][0]["x"]) == expected
+    node_view = SimpleNamespace(p_target=p_target, law=p_target, laws=[p_target] * 3, labels=labels,
+                                candidates=[{"index": 0, "label": " In", "decision": "refused", "accept_prob": 0.5},
+                                            {"index": 1, "label": "In", "decision": "accepted", "accept_prob": 0.9}])
+    candidates = tree_candidates_figure(node_view).to_dict()["data"]
+    assert list(candidates[0]["x"])[2:] == expected[2:] and candidates[1]["name"] == "r2: after refusing ␣In"
+    assert sorted(candidates[0]["x"][:2]) == ["In", "␣In"]  # the candidates first, in the order tried
+    nodes = pd.DataFrame([{"node": 0, "parent": -1, "depth": 1, "sibling": 0, "token": 1, "token_text": " In", "p_token": 0.3,
+                           "q_token": 0.6, "residual": 0.3, "accept_prob": 0.5, "u_accept": 0.7, "decision": "refused", "reach": 0.6}])
+    tree = next(trace for trace in tree_round_figure(nodes).to_dict()["data"] if trace.get("name") == "refused")
+    assert list(tree["text"]) == ["␣In"] and tree["hovertext"][0].startswith("␣In ")
+    frame = pd.DataFrame({"position": [0, 1], "index_in_block": [0, 1], "token_text": [" In", "In"], "tv_target": [0.0, 0.0]})
+    assert list(tracks_figure(frame).to_dict()["data"][0]["customdata"]) == ["␣In", "In"]
+
+
+def test_the_y_axis_shows_the_whole_of_every_bar() -> None:
+    """A truncation rule whose allowed set is one token has a matched baseline of mass 1.0 there
+    while p tops out at 0.37: the axis was scaled to p, q, P and cut the baseline bar."""
+    p_target = torch.tensor([0.37, 0.33, 0.30], dtype=torch.float64)
+    q_draft = torch.tensor([0.2, 0.3, 0.5], dtype=torch.float64)
+    view = explain_step(get_rule("cascade:0.9"), p_target, q_draft, ["a", "b", "c"])
+    assert float(view.baseline.max()) == 1.0 and float(p_target.max()) < 0.4  # the case the user met
+    for kind in ("accepted", "rejected"):  # the fallback hidden (legend only) or shown: either way it fits
+        figure = law_figure(view, draft_token=2, emitted_token=0, kind=kind).to_dict()
+        low, high = figure["layout"]["yaxis"]["range"]
+        bars = [value for trace in figure["data"] if trace["type"] == "bar" for value in trace["y"]]
+        assert high >= max(bars) >= 1.0 and low <= min(bars)
+
+
+def test_float_noise_is_drawn_as_zero_on_distortion_tracks() -> None:
+    """A lossless run stores TV(P, p) = 8e-16 and the like: its distortion track was scaled to the
+    noise ("1f 2f 3f" ticks, spikes). Values under FLOAT_NOISE are drawn as 0 on a non-negative
+    axis; a real distortion (1e-4) is kept."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from diagnostics.charts import FLOAT_NOISE, pareto_figure, tracks_figure
+
+    noise = [1e-16, 8e-16, -2e-17, 3e-12]
+    frame = pd.DataFrame({"position": range(4), "index_in_block": [0, 1, 0, 1], "token_text": ["a"] * 4,
+                          "tv_target": noise, "tv_baseline": noise, "kl_target": [2e-16, 0.0, 1e-4, None]})
+    figure = tracks_figure(frame).to_dict()
+    distortion = {trace["name"]: list(trace["y"]) for trace in figure["data"] if trace["yaxis"] == "y5"}
+    assert distortion == {"TV(P, p)": [0.0] * 4, "TV(P, baseline)": [0.0] * 4, "KL(P ‖ p)": [0.0, 0.0, 1e-4, None]}
+    assert figure["layout"]["yaxis5"]["rangemode"] == "nonnegative"
+    assert max(abs(value) for value in noise) < FLOAT_NOISE < 1e-4
+    lossless = SimpleNamespace(role="lossless", label="lossless", figures={"modelled speed-up": (1.5, 1.4, 1.6),
+                                                                            "TV(P, baseline)": (1e-16, 0.0, 4e-16)})
+    point = next(trace for trace in pareto_figure([lossless]).to_dict()["data"] if trace["name"] == "lossless")
+    assert list(point["y"]) == [0.0] and list(point["error_y"]["array"]) == [0.0]
+    flat = SimpleNamespace(spec="lossless", label="lossless", t=[0.0, 0.5, 1.0], tv_target=[1e-16, 5e-17, 0.0], tv_baseline=[0.1] * 3,
+                           acceptance=[0.5] * 3, limit_target=None, limit_baseline=None, tree=False)
+    playground = draft_path_figure(SimpleNamespace(curves=[flat]), "target").to_dict()
+    assert list(playground["data"][0]["y"]) == [0.0] * 3 and playground["layout"]["yaxis"]["rangemode"] == "nonnegative"
+
+
+def test_the_runs_table_reads_as_text_for_people() -> None:
+    """Human headers, 3 significant digits, float noise as 0, "–" for an empty cell, never "None";
+    a small table keeps its numbers under the text (sorting by value), a large one is text."""
+    import pandas as pd
+    from pandas.io.formats.style import Styler
+
+    from diagnostics.charts import RUN_HEADERS, format_number, runs_display, runs_table
+    from diagnostics.charts.runs import STYLED_CELLS_MAX
+
+    runs = pd.DataFrame({
+        "run_id": ["r1", "r2"], "created": pd.to_datetime(["2025-01-02 03:04:05.678", "2025-01-02 03:05:00.000"]),
+        "status": ["complete", "interrupted"], "rule": ["lossless", "lenience:0.5"], "draft": ["ngram:2", None],
+        "n_tokens": [1234, 0], "acceptance_rate": [2 / 3, None], "block_efficiency": [1.23456, float("nan")],
+        "tokens_per_s": [1234.5, 12.345], "mean_tv_target": [8e-16, 0.012345], "group_id": [None, "g1"], "prompt": ["hi", "yo"],
+    })
+    shown = runs_display(runs)
+    assert list(shown.columns) == ["run", "created", "status", "rule", "draft", "tokens", "acceptance rate", "block efficiency",
+                                   "tokens/s", "mean TV(P, p)", "group", "prompt"]
+    assert shown.iloc[0].tolist() == ["r1", "2025-01-02 03:04:05", "complete", "lossless", "ngram:2", "1,234", "0.667", "1.23",
+                                      "1,230", "0", "–", "hi"]
+    assert shown.iloc[1].tolist()[4:11] == ["–", "0", "–", "–", "12.3", "0.0123", "g1"]
+    assert format_number(-3e-17) == "0" and format_number(0.5) == "0.5" and format_number(float("inf")) == "inf"
+    styled = runs_table(runs)
+    assert isinstance(styled, Styler) and list(styled.data.columns) == list(shown.columns)
+    text = styled.to_string(delimiter="|")
+    assert "None" not in text and "nan" not in text and "8e-16" not in text and "|1,230|0|–|hi" in text
+    many = pd.concat([runs] * (STYLED_CELLS_MAX // (2 * len(RUN_HEADERS)) + 1), ignore_index=True)
+    assert runs_display(many).equals(runs_table(many))  # past the bound: the same text, unstyled

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import streamlit as st
 
+from diagnostics.charts import RUN_HEADERS, runs_table
 from diagnostics.report import build_report
 from diagnostics.store import StoreError, complete_groups, default_db_path, export_runs, import_runs
 from views.common import file_name_part, literal, md, open_store, run_link, show_error
@@ -62,11 +63,10 @@ runs = store.list_runs(status=None if status == "all" else status, search=search
 if runs.empty:
     st.info("No runs match. Start one on the Run page, or with `python -m diagnostics run --prompt …`.")
 else:
-    shown = runs[["run_id", "created", "status", "rule", "draft", "n_tokens", "acceptance_rate", "block_efficiency",
-                  "tokens_per_s", "mean_tv_target", "group_id", "prompt"]]
-    selection = st.dataframe(shown, hide_index=True, key="runs_table", on_select="rerun", selection_mode="multi-row",
-                             column_config={"run_id": st.column_config.TextColumn("run"),
-                                            "prompt": st.column_config.TextColumn("prompt", width="large")})
+    shown = runs[list(RUN_HEADERS)]
+    # Human headers, numbers to 3 significant digits, float noise as 0, "–" for an empty cell.
+    selection = st.dataframe(runs_table(shown), hide_index=True, key="runs_table", on_select="rerun", selection_mode="multi-row",
+                             column_config={"prompt": st.column_config.TextColumn("prompt", width="large")})
     rows = selection.selection.rows if selection else []
     chosen = [shown.iloc[row]["run_id"] for row in rows]
     st.caption(f"{len(chosen)} selected" + (": " + md("{ids}", ids=", ".join(chosen)) if chosen else " (click rows to select)"))

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import html
-
 import plotly.graph_objects as go
 
-from diagnostics.charts.common import safe_label
+from diagnostics.charts.common import chart_text, safe_label
 
 
 def audit_figure(evidence: dict) -> go.Figure | None:
@@ -29,7 +27,7 @@ def audit_figure(evidence: dict) -> go.Figure | None:
         figure.add_scatter(name="detectable TV (power 0.9)", x=labels, y=[pair["detectable_tv"] for pair in pairs],
                            mode="markers", marker={"symbol": "line-ew-open", "size": 28, "color": "#57606a", "line": {"width": 2}},
                            hovertemplate="detects TV ≥ %{y:.4f}<extra></extra>")
-        figure.update_layout(title=f"Output law vs {html.escape(evidence['reference'])}: observed TV per (p, q) pair "
+        figure.update_layout(title=f"Output law vs {chart_text(evidence['reference'])}: observed TV per (p, q) pair "
                                    "(red: Holm-adjusted p below the level)",
                              yaxis_title="TV (tested cells)", height=380, margin={"t": 50, "b": 40, "l": 50, "r": 10})
         return figure

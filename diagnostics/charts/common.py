@@ -8,6 +8,7 @@ in labels and hover text.
 from __future__ import annotations
 
 import html
+import re
 
 import plotly.graph_objects as go
 import torch
@@ -29,9 +30,45 @@ COLORS = {
 RULE_COLORS = ["#d62728", "#9467bd", "#1f77b4", "#2ca02c", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]
 
 
+# Values closer to 0 than this are float rounding, drawn as 0 on distortion tracks. Distortions
+# are computed in float64: a sum over a 49,152-token vocabulary accumulates at most about
+# 49,152 × 2.2e-16 ≈ 1e-11 of rounding (a lossless run stores 8e-16), while the smallest
+# distortion a chart or hover shows (4 decimals) is 1e-4: 1e-9 sits well between the two.
+FLOAT_NOISE = 1e-9
+VISIBLE_SPACE = "␣"
+# Spaces SVG text would trim or collapse (Plotly sets no xml:space): leading, trailing, runs of 2+.
+_HIDDEN_SPACES = re.compile(r"^ +| +$| {2,}")
+
+
 def safe_label(text: str, limit: int = 40) -> str:
-    """Token text made safe for a chart: control characters shown as escapes, HTML escaped, cut to ``limit``."""
-    return html.escape(visible(text, limit=limit), quote=True)
+    """Token text made safe for a chart: control characters shown as escapes, ``& < >`` escaped
+    once, cut to ``limit``. Quotes stay as they are: plotly.js decodes only ``&amp; &lt; &gt;``,
+    numeric and a few named entities, so ``&quot;`` would be shown as those six characters,
+    and with ``<`` escaped no tag (where a quote could matter) can form."""
+    return html.escape(visible(text, limit=limit), quote=False)
+
+
+def chart_text(text: object, limit: int = 200) -> str:
+    """Untrusted text other than a token (a rule spec, a setting's label) for a chart's title,
+    legend or hover: escaped once as ``safe_label`` does."""
+    return safe_label(str(text), limit)
+
+
+def token_label(text: str, limit: int = 40) -> str:
+    """``safe_label`` with the spaces a chart would lose drawn as ␣: `` In`` and ``In`` are
+    different tokens (a draft often proposes the other), but SVG trims a tick's leading space."""
+    return visible_spaces(safe_label(text, limit))
+
+
+def visible_spaces(text: str) -> str:
+    """``text`` with its leading and trailing spaces, and runs of two or more, drawn as ␣."""
+    return _HIDDEN_SPACES.sub(lambda match: VISIBLE_SPACE * len(match.group()), text)
+
+
+def denoise(values: list[float | None]) -> list[float | None]:
+    """Distortion values with float noise (``|x| < FLOAT_NOISE``) drawn as 0, so a lossless
+    run's track is flat 0 instead of being scaled to 1e-16 ("1f 2f 3f" ticks, spikes)."""
+    return [0.0 if value is not None and abs(value) < FLOAT_NOISE else value for value in values]
 
 
 def shown_tokens(view: StepView, top_n: int, must: tuple[int | None, ...] = ()) -> list[int]:
@@ -49,7 +86,8 @@ def shown_tokens(view: StepView, top_n: int, must: tuple[int | None, ...] = ()) 
 
 
 def category_labels(view: StepView, tokens: list[int]) -> list[str]:
-    labels = [safe_label(view.labels[index]) for index in tokens]
+    """The chart labels of ``tokens`` (``token_label``), made distinct when two tokens look alike."""
+    labels = [token_label(view.labels[index]) for index in tokens]
     # Plotly needs distinct category names; prefix ids only when labels collide.
     if len(set(labels)) != len(labels):
         labels = [f"{index}:{label}" for index, label in zip(tokens, labels)]

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import html
-
 import plotly.graph_objects as go
 import torch
 
-from diagnostics.charts.common import COLORS, RULE_COLORS, category_labels, mark_tokens, shown_tokens
+from diagnostics.charts.common import COLORS, RULE_COLORS, category_labels, chart_text, mark_tokens, shown_tokens
 from diagnostics.explain import StepView
 
 
@@ -42,7 +40,7 @@ def divergence_figure(p_target: torch.Tensor, q_draft: torch.Tensor, steps: list
     tallest = max(values(p_target) + values(q_draft))
     for index, (view, record) in enumerate(steps):
         color = RULE_COLORS[index % len(RULE_COLORS)]
-        spec = html.escape(view.spec)
+        spec = chart_text(view.spec)
         if record["kind"] == "rejected":
             fallback = values(view.fallback)
             tallest = max(tallest, *fallback)
@@ -51,7 +49,7 @@ def divergence_figure(p_target: torch.Tensor, q_draft: torch.Tensor, steps: list
         marks.append((int(record["token"]), f"{spec} emits", "star", color))
     mark_tokens(figure, labels, tokens, marks, tallest, row=1, col=1)
     coin = steps[0][1].get("u_accept")
-    specs = [html.escape(view.spec) for view, _ in steps]
+    specs = [chart_text(view.spec) for view, _ in steps]
     accepts = [record.get("accept_prob") for _, record in steps]
     if draft_token is not None and all(value is not None for value in accepts):
         figure.add_bar(name="a(x)", x=specs, y=accepts, showlegend=False, row=1, col=2,

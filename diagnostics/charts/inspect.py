@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import html
-
 import plotly.graph_objects as go
 import torch
 
-from diagnostics.charts.common import COLORS, category_labels, mark_tokens, safe_label, shown_tokens
+from diagnostics.charts.common import COLORS, category_labels, chart_text, denoise, mark_tokens, shown_tokens, token_label
 from diagnostics.explain import StepView
 
 
@@ -61,7 +59,9 @@ def law_figure(view: StepView, top_n: int = 30, show_fallback: bool | None = Non
         shading.append({"type": "rect", "xref": "x", "yref": "paper", "x0": position - 0.5, "x1": position + 0.5, "y0": 0, "y1": 1,
                         "fillcolor": fill, "line": {"width": 0}, "layer": "below"})
     figure.update_layout(shapes=shading)  # one list: add_vrect per token is slow
-    top = max([*p_values, *q_values, *values(view.induced), *(values(view.fallback) if show_fallback else [])], default=1.0) or 1.0
+    # Every bar fits, the hidden fallback's too (the legend shows it without rescaling the axis):
+    # a matched baseline of mass 1.0 on one token was cut at 0.37 when it was left out.
+    top = max([*p_values, *q_values, *values(view.induced), *values(view.baseline), *values(view.fallback)], default=1.0) or 1.0
     if ceiling is not None:
         figure.add_scatter(
             name="ceiling p/l",
@@ -95,7 +95,7 @@ def law_figure(view: StepView, top_n: int = 30, show_fallback: bool | None = Non
                            marker={"symbol": "square", "size": 12, "color": "rgba(214,39,40,0.45)"})
     figure.update_layout(
         barmode="group",
-        title=f"{html.escape(view.spec)}: target, draft, induced law and matched baseline (tokens by p)",
+        title=f"{chart_text(view.spec)}: target, draft, induced law and matched baseline (tokens by p)",
         xaxis_title="token",
         xaxis_type="category",  # tokens such as "1" and "2" must not become numbers on a linear axis
         yaxis_title="probability",
@@ -108,7 +108,6 @@ def law_figure(view: StepView, top_n: int = 30, show_fallback: bool | None = Non
     return figure
 
 
-
 def _vertical(x: float, color: str, width: int, dash: str) -> dict:
     return {"type": "line", "xref": "x", "yref": "paper", "x0": x, "x1": x, "y0": 0, "y1": 1, "layer": "below",
             "line": {"color": color, "width": width, "dash": dash}}
@@ -117,7 +116,7 @@ def _vertical(x: float, color: str, width: int, dash: str) -> dict:
 def tracks_figure(positions: "object", selected: int | None = None, divergence: int | None = None) -> go.Figure:
     """Per-position tracks of a run: acceptance ``a(x)`` and ``α``, ``TV(p, q)``, ``H(p)``, the
     target log-likelihood ``log p(y_t)`` of each emitted token, and the distortion of the emitted
-    law (``TV(P, p)``, ``TV(P, baseline)``, ``KL(P ‖ p)``).
+    law (``TV(P, p)``, ``TV(P, baseline)``, ``KL(P ‖ p)``; float noise drawn as 0).
 
     Vertical dotted lines mark block starts; the selected position and the first divergence are
     marked on every track, the divergence labelled once. ``positions`` is the store's DataFrame
@@ -140,16 +139,16 @@ def tracks_figure(positions: "object", selected: int | None = None, divergence: 
         return [None if value != value else float(value) for value in frame[name].astype("float64").tolist()]
 
     log_p = [None if value is None else math.log(max(value, 1e-300)) for value in series("p_token")]
-    hover = [safe_label(str(text)) for text in frame["token_text"].fillna("").tolist()]
+    hover = [token_label(str(text)) for text in frame["token_text"].fillna("").tolist()]
     traces = [
         (1, "a(x)", series("accept_prob"), "#1a7f37", "markers"),
         (1, "α", series("alpha"), "#8250df", "lines"),
         (2, "TV(p, q)", series("tv_pq"), "#bc4c00", "lines"),
         (3, "H(p)", series("entropy_p"), "#0550ae", "lines"),
         (4, "log p(y)", log_p, "#6e7781", "lines"),  # no markers: 2,000 SVG points cost the browser
-        (5, "TV(P, p)", series("tv_target"), "#cf222e", "lines"),
-        (5, "TV(P, baseline)", series("tv_baseline"), "#57606a", "lines"),
-        (5, "KL(P ‖ p)", series("kl_target"), "#bf8700", "lines"),
+        (5, "TV(P, p)", denoise(series("tv_target")), "#cf222e", "lines"),
+        (5, "TV(P, baseline)", denoise(series("tv_baseline")), "#57606a", "lines"),
+        (5, "KL(P ‖ p)", denoise(series("kl_target")), "#bf8700", "lines"),
     ]
     for index, (row, name, values, color, mode) in enumerate(traces):
         # The token text rides on the first trace only; "x unified" hover shows it for all.
@@ -174,5 +173,8 @@ def tracks_figure(positions: "object", selected: int | None = None, divergence: 
     figure.update_layout(height=740, margin={"t": 40, "b": 30, "l": 50, "r": 10}, legend={"orientation": "h", "y": -0.1},
                          clickmode="event+select", hovermode="x unified")
     figure.update_xaxes(title_text="position", row=5, col=1)
+    # A distortion is never negative: a lossless run's flat 0 sits on the axis's floor (0 to 1),
+    # not in the middle of a symmetric -1 to 1 range.
+    figure.update_yaxes(rangemode="nonnegative", row=5, col=1)
     return figure
 

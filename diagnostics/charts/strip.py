@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import html
 
-from diagnostics.charts.common import fmt_value, safe_label
+from diagnostics.charts.common import fmt_value, safe_label, visible_spaces
+from diagnostics.untrusted import visible
 
 KIND_STYLE = {
     "accepted": ("#d4f4dd", "#1a7f37", "accepted draft"),
@@ -33,7 +34,7 @@ def token_strip_html(records: list[dict], selected: int | None = None, divergenc
         if record.get("draft_token") is not None and kind != "bonus":
             draft_text = record.get("draft_text")
             tip_lines += [
-                f"draft {record['draft_token']} {draft_text!r}" if draft_text is not None else f"draft {record['draft_token']}",
+                f"draft {record['draft_token']} “{visible_spaces(visible(draft_text, limit=40))}”" if draft_text is not None else f"draft {record['draft_token']}",
                 f"p(x) = {fmt_value(record.get('p_draft'))}, q(x) = {fmt_value(record.get('q_draft'))}, a(x) = {fmt_value(record.get('accept_prob'))}",
                 f"coin u = {fmt_value(record.get('u_accept'))} → {'accept' if kind == 'accepted' else 'reject'}",
             ]

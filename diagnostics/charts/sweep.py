@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import html
-
 import plotly.graph_objects as go
 
-from diagnostics.charts.common import COLORS, safe_label
+from diagnostics.charts.common import COLORS, chart_text, denoise, safe_label
 
 
 def pareto_figure(summaries: list, against: str = "TV(P, baseline)") -> go.Figure:
@@ -20,7 +18,7 @@ def pareto_figure(summaries: list, against: str = "TV(P, baseline)") -> go.Figur
         if not chosen:
             continue
         x = [summary.figures["modelled speed-up"] for summary in chosen]
-        y = [summary.figures[against] for summary in chosen]
+        y = [denoise(list(summary.figures[against])) for summary in chosen]  # lossless: 0 [0, 0], not 1e-16
         names = [safe_label(summary.label, 60) for summary in chosen]
         symbol, color = styles[role]
         figure.add_scatter(
@@ -30,12 +28,12 @@ def pareto_figure(summaries: list, against: str = "TV(P, baseline)") -> go.Figur
                      "arrayminus": [value[0] - value[1] for value in x], "thickness": 1},
             error_y={"type": "data", "symmetric": False, "array": [value[2] - value[0] for value in y],
                      "arrayminus": [value[0] - value[1] for value in y], "thickness": 1},
-            hovertext=[f"{name}<br>speed-up {sx[0]:.3f} [{sx[1]:.3f}, {sx[2]:.3f}]<br>{html.escape(against)} {sy[0]:.4f} "
+            hovertext=[f"{name}<br>speed-up {sx[0]:.3f} [{sx[1]:.3f}, {sx[2]:.3f}]<br>{chart_text(against)} {sy[0]:.4f} "
                        f"[{sy[1]:.4f}, {sy[2]:.4f}]" for name, sx, sy in zip(names, x, y)],
             hoverinfo="text",
         )
     figure.update_layout(height=460, margin={"l": 10, "r": 10, "t": 40, "b": 10},
-                         title=f"Modelled speed-up against {html.escape(against)} (95% intervals over prompts and seeds)",
-                         xaxis_title="modelled speed-up over plain decoding", yaxis_title=html.escape(against),
+                         title=f"Modelled speed-up against {chart_text(against)} (95% intervals over prompts and seeds)",
+                         xaxis_title="modelled speed-up over plain decoding", yaxis_title=chart_text(against),
                          legend={"orientation": "h", "y": -0.15})
     return figure

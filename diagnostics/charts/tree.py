@@ -5,7 +5,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 import torch
 
-from diagnostics.charts.common import COLORS, mark_tokens, safe_label
+from diagnostics.charts.common import COLORS, mark_tokens, token_label
 
 
 def tree_candidates_figure(view: "object", top_n: int = 20, emitted_token: int | None = None) -> go.Figure:
@@ -24,8 +24,7 @@ def tree_candidates_figure(view: "object", top_n: int = 20, emitted_token: int |
     # The candidates first, in the order they were tried, then the rest by p.
     tried = list(dict.fromkeys(int(candidate["index"]) for candidate in view.candidates))
     tokens = tried + sorted(set(tokens) - set(tried), key=lambda token: (-float(p_target[token]), token))
-    # A space is drawn as ␣: " In" and "In" are different tokens, and a draft often proposes the other.
-    labels = [safe_label(view.labels[index]).replace(" ", "␣") for index in tokens]
+    labels = [token_label(view.labels[index]) for index in tokens]
     if len(set(labels)) != len(labels):
         labels = [f"{index}:{label}" for index, label in zip(tokens, labels)]
     figure = go.Figure()
@@ -34,7 +33,7 @@ def tree_candidates_figure(view: "object", top_n: int = 20, emitted_token: int |
     for step, law in enumerate(view.laws):
         if step < count:
             candidate = view.candidates[step]
-            name = "r₁ = p" if step == 0 else f"r{step + 1}: after refusing {safe_label(view.candidates[step - 1]['label'], 16).replace(' ', '␣')}"
+            name = "r₁ = p" if step == 0 else f"r{step + 1}: after refusing {token_label(view.candidates[step - 1]['label'], 16)}"
         else:
             name = "fallback law (every candidate refused)"
         color = COLORS["fallback"] if step == count else shades[min(step, len(shades) - 1)]
@@ -43,7 +42,8 @@ def tree_candidates_figure(view: "object", top_n: int = 20, emitted_token: int |
     figure.add_scatter(x=labels, y=[float(view.law[token]) for token in tokens], mode="markers", name="P (emitted law)",
                        marker={"symbol": "diamond", "size": 11, "color": COLORS["induced"], "line": {"width": 1, "color": "#000"}},
                        hovertemplate="%{x}: P = %{y:.4f}<extra></extra>")
-    height = max(float(p_target[tokens].max()), float(view.law[tokens].max()), 1e-9)
+    # Marks sit above the tallest bar of any law (a law after refusals can outgrow p).
+    height = max([float(law[tokens].max()) for law in [p_target, view.law, *view.laws]] + [1e-9])
     marks = []
     for order, candidate in enumerate(view.candidates, start=1):
         marks.append((candidate["index"], f"c{order} {candidate['decision']}, a={candidate['accept_prob']:.2f}",
@@ -112,14 +112,14 @@ def tree_round_figure(nodes: "object", selected_node: int | None = None, decode=
             coin_text = "–" if coin is None or coin != coin else f"{coin:.3f}"
             q_value = row.get("q_token")
             q_text = "–" if q_value is None or q_value != q_value else f"{q_value:.4f}"
-            return (f"{safe_label(row.get('token_text') or str(row['token']))} (node {int(row['node'])}, try {int(row['sibling']) + 1})"
+            return (f"{token_label(row.get('token_text') or str(row['token']))} (node {int(row['node'])}, try {int(row['sibling']) + 1})"
                     f"<br>p = {row['p_token']:.4f}, q = {q_text}<br>r at its try = {row['residual']:.4f}, a = {row['accept_prob']:.4f}"
                     f"<br>coin u = {coin_text}: {decision}<br>P(walk accepts it) = {row['reach']:.4f}")
 
         sizes = [18 if selected_node is not None and int(row["node"]) == selected_node else 12 for row, _ in chosen]
         figure.add_scatter(
             x=[int(row["depth"]) for row, _ in chosen], y=[y_value for _, y_value in chosen], mode="markers+text", name=decision,
-            text=[safe_label(row.get("token_text") or str(row["token"]), 12).replace(" ", "␣") for row, _ in chosen],
+            text=[token_label(row.get("token_text") or str(row["token"]), 12) for row, _ in chosen],
             textposition="middle right",
             marker={"size": sizes, "color": color, "line": {"width": 1, "color": "#333333"}},
             hovertext=[hover(row) for row, _ in chosen], hoverinfo="text",
