@@ -40,7 +40,11 @@ def test_rule_level_audit_of_a_planted_bug_fails_with_evidence(database) -> None
     at.button(key="audit_rule_go").click()
     at.run(timeout=180)
     assert not at.exception, [e.value for e in at.exception]
-    assert at.error and at.error[0].value.startswith("**FAIL** · ` rule · planted:residual_softmax")
+    banner = at.error[0].value if at.error else ""
+    assert banner.startswith("**FAIL** · Rule-level audit of ` planted:residual_softmax `: its output law differs from the target's p")
+    # One paragraph: the verdict once, in words, not beside a monospace copy of the summary line.
+    assert banner.count("FAIL") == 1 and banner.count(" · ") == 1 and "Worst pair ` " in banner and "\n" not in banner
+    assert not any(markdown.value.startswith("- ") for markdown in at.markdown)
     assert len(at.get("plotly_chart")) == 1 and len(at.dataframe) >= 1
     stored = Store(database, read_only=True).list_audits()
     assert stored["verdict"].tolist() == ["fail"] and stored["layer"].tolist() == ["rule"]
@@ -57,7 +61,8 @@ def test_engine_level_audit_of_our_engine_passes(database) -> None:
     at.button(key="audit_engine_go").click()
     at.run(timeout=180)
     assert not at.exception, [e.value for e in at.exception]
-    assert at.success and at.success[0].value.startswith("**PASS** · ` engine · ours")
+    assert at.success and at.success[0].value.startswith("**PASS** · Engine-level audit of ` ours (lossless engine) `: its output law is consistent "
+                                                         "with the target's law. ")
     assert len(at.get("plotly_chart")) == 1  # the PIT histogram
 
 
@@ -76,7 +81,7 @@ def _recorded_audit(database, tiny_folder, **settings) -> tuple[str, object]:
 
 def test_recorded_run_audit_links_to_inspect(database, tiny_folder) -> None:
     run_id, at = _recorded_audit(database, tiny_folder)
-    assert at.success and f"run {run_id}" in at.success[0].value and "p recomputed" in at.success[0].value
+    assert at.success and f"Run ` {run_id} `" in at.success[0].value and "p recomputed" in at.success[0].value
     assert any(f"/inspect?run={run_id}&pos=" in markdown.value for markdown in at.markdown)
     assert Store(database, read_only=True).list_audits(run_ids=[run_id])["verdict"].tolist() == ["pass"]
 
@@ -86,8 +91,8 @@ def test_recorded_audit_of_a_lossy_run_says_what_it_checked_and_links_each_worst
     lossless; one Inspect link per listed position, in the table's (worst-first) order."""
     run_id, at = _recorded_audit(database, tiny_folder, rule="lenience:0.5", max_new_tokens=24, seed=5)
     banner = at.success[0].value
-    assert banner.startswith("**PASS** · the recorded decisions are consistent with the declared rule ` lenience:0.5 ` (a lossy rule")
-    assert banner.count("PASS") == 1 and f"run {run_id}" in banner
+    assert banner.startswith("**PASS** · The recorded decisions are consistent with the declared rule ` lenience:0.5 ` (a lossy rule")
+    assert banner.count("PASS") == 1 and f"Run ` {run_id} `" in banner
     table = next(frame.value for frame in at.dataframe if "check" in frame.value.columns)
     listed = list(dict.fromkeys(int(position) for position in table["position"] if position >= 0))
     assert len(listed) == 10 and listed != sorted(listed)  # worst first, not positions 0-4
@@ -105,4 +110,4 @@ def test_rule_level_audit_with_real_positions_of_the_target(database) -> None:
     at.button(key="audit_rule_go").click()
     at.run(timeout=180)
     assert not at.exception, [e.value for e in at.exception]
-    assert at.success and "× 8 pairs" in at.success[0].value
+    assert at.success and "on each of 8 pairs" in at.success[0].value

@@ -221,7 +221,7 @@ def test_audit_page_runs_an_engine_audit_and_shows_stored_evidence(setup, browse
     page = browser.new_page(viewport={"width": 1400, "height": 1500})
     page.goto(f"{setup['url']}/audit?audit={audit_id}")
     page.get_by_role("heading", name="Audit").first.wait_for(timeout=30_000)
-    page.get_by_text("FAIL · rule · planted:residual_softmax").first.wait_for(timeout=30_000)
+    page.get_by_text(re.compile(r"FAIL · Rule-level audit of\s*planted:residual_softmax")).first.wait_for(timeout=30_000)
     page.locator(".js-plotly-plot").first.wait_for(timeout=30_000)
     assert page.evaluate("window.__pwned") is None
     page.get_by_text("New audit").click()
@@ -230,13 +230,13 @@ def test_audit_page_runs_an_engine_audit_and_shows_stored_evidence(setup, browse
     button.wait_for(timeout=30_000)
     settled(page)
     button.click()
-    verdict = page.get_by_text(re.compile(r"(PASS|FAIL) · engine · ours")).first
+    verdict = page.get_by_text(re.compile(r"(PASS|FAIL) · Engine-level audit of\s*ours")).first
     try:
         verdict.wait_for(timeout=120_000)
     except Exception:
         _shot(page, "audit_failed")
         raise AssertionError("no engine-audit verdict in 120 s; the page says: " + page.locator("body").inner_text()[-1500:]) from None
-    assert "PASS · engine · ours" in verdict.inner_text(), verdict.inner_text()
+    assert re.search(r"PASS · Engine-level audit of\s*ours", verdict.inner_text()), verdict.inner_text()
     page.locator(".js-plotly-plot").first.wait_for(timeout=30_000)
     assert page.evaluate("window.__pwned") is None
     _shot(page, "audit")
@@ -272,7 +272,7 @@ def test_audit_page_audits_an_uploaded_file_of_generations(setup, browser, tmp_p
     settled(page)
     started = time.monotonic()
     page.get_by_role("button", name="Audit the generations").click()
-    verdict = page.get_by_text(re.compile(r"(PASS|FAIL|INCONCLUSIVE) · external")).first
+    verdict = page.get_by_text(re.compile(r"(PASS|FAIL|INCONCLUSIVE) · External engine")).first
     verdict.wait_for(timeout=120_000)
     seconds = time.monotonic() - started
     assert "FAIL" not in verdict.inner_text(), verdict.inner_text()

@@ -80,13 +80,91 @@ def _save(evidence: dict) -> None:
     st.session_state.pop("audit_unsaved", None)
 
 
-# The summary line names the verdict; the banner says it once, before it.
-VERDICT_MARK = "\u2063VERDICT\u2063"
+VERDICT_WORDS = {"fail": "FAIL", "inconclusive": "INCONCLUSIVE", "pass": "PASS"}
+# What each verdict says of the output law (rule, engine and external layers).
+LAW_CLAIMS = {"fail": "differs from {reference}", "inconclusive": "could not be told from {reference} with this sample",
+              "pass": "is consistent with {reference}"}
 
 
-def line_without_verdict(evidence: dict) -> str:
-    """The audit's summary line without its verdict (the banner leads with it)."""
-    return summary_line({**evidence, "verdict": VERDICT_MARK}).replace(f" · {VERDICT_MARK}", "", 1)
+def number(value: object, spec: str = ".3g") -> str:
+    """A stored number for reading ("–" when absent or not a number: evidence may come from a file)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "–"
+    return format(value, spec)
+
+
+def readable(value: object) -> str:
+    """A setting's value as text (not a Python repr): lists joined, mappings as ``key value``, ``None`` as "–"."""
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return number(value)
+    if isinstance(value, (list, tuple)):
+        return ", ".join(readable(item) for item in value) or "–"
+    if isinstance(value, dict):
+        return ", ".join(f"{key} {readable(item)}" for key, item in value.items()) or "–"
+    return str(value)
+
+
+def law_claim(evidence: dict, verdict: str) -> str:
+    """The first sentence: what was audited and what the verdict says of its output law."""
+    layer = evidence.get("layer")
+    implementation = evidence.get("implementation")
+    if layer == "rule":
+        lossless = evidence.get("reference") in (None, "p", "p (lossless)")
+        reference = "the target's p (the lossless claim)" if lossless else "the declared rule {reference}"
+        return md("Rule-level audit of {implementation}: its output law " + LAW_CLAIMS[verdict].format(reference=reference) + ".",
+                  implementation=implementation, reference=evidence.get("reference"))
+    if layer == "engine":
+        return md("Engine-level audit of {implementation}: its output law " + LAW_CLAIMS[verdict].format(reference="the target's law") + ".",
+                  implementation=implementation)
+    oracle = "the server's own scores" if evidence.get("rests_on") else "its reference"
+    return md("External engine {implementation}: its output law " + LAW_CLAIMS[verdict].format(reference=oracle) + ".",
+              implementation=implementation)
+
+
+def evidence_sentence(evidence: dict) -> str:
+    """The numbers that decided the verdict, in words (untrusted text through md/literal)."""
+    layer = evidence.get("layer")
+    if layer == "rule":
+        pairs = evidence.get("pairs") or []
+        worst = min(pairs, key=lambda pair: pair["adjusted_p"] if pair["adjusted_p"] is not None else 0.0, default={})
+        return (md("Worst pair {label}: ", label=worst.get("label")) + f"Holm-adjusted p = {number(worst.get('adjusted_p'))}, "
+                f"observed TV = {number(worst.get('observed_tv'), '.4f')}. {number(evidence.get('n_per_pair'), ',')} steps on each of "
+                f"{len(pairs)} pairs; the test detects TV ≥ {number(evidence.get('max_detectable_tv'), '.3f')} with power 0.9.")
+    if layer == "recorded":
+        difference = evidence.get("max_p_difference")
+        recomputed = (f"max |p recorded − p recomputed| = {number(difference, '.2g')}" if difference is not None
+                      else "p not recomputed (the model is not available here)")
+        return (md("Run {run}: ", run=evidence.get("run_id")) + f"{number(evidence.get('positions'), ',')} positions, "
+                f"{len(evidence.get('flags') or [])} flags, acceptance z = {number(evidence.get('acceptance_z'), '.2f')}, {recomputed}.")
+    tokens = (f"{number(evidence.get('tokens'), ',')} tokens from {number(evidence.get('generations'), ',')} generations"
+              + (f" of {number(evidence.get('prompts'), ',')} prompts" if layer == "external" else ""))
+    label = "pooled PIT p" if layer == "engine" else "p"
+    detects = "a PIT-law TV" if layer == "engine" else "TV"
+    sentence = f"{tokens}; {label} = {number(evidence.get('p_value'))}; the test detects {detects} ≥ {number(evidence.get('detectable_tv'), '.3f')}"
+    if evidence.get("distortion") is not None:
+        sentence += (f"; estimated distortion {number(evidence.get('distortion'), '.3f')} "
+                     f"[{number(evidence.get('distortion_low'), '.3f')}, {number(evidence.get('distortion_high'), '.3f')}]")
+    if evidence.get("rests_on"):
+        checked = (evidence.get("score_check") or {}).get("positions")
+        sentence += (f"; the scores were cross-checked against the target at {number(checked, ',')} positions" if checked
+                     else "; the server's scores are taken as true, unchecked")
+    return sentence + "."
+
+
+def verdict_paragraph(evidence: dict) -> str:
+    """One readable paragraph: the verdict, what it says, the numbers behind it, and why (each
+    reason once). Untrusted text (names, labels, ids, reasons) only through ``md``/``literal``."""
+    verdict = evidence.get("verdict") if evidence.get("verdict") in VERDICT_WORDS else "pass"
+    if evidence.get("layer") == "recorded":
+        claim = recorded_claim(evidence, verdict == "fail")
+        claim = claim[0].upper() + claim[1:] + "."
+    else:
+        claim = law_claim(evidence, verdict)
+    reasons = evidence.get("reasons") or []
+    why = (" Why: " + "; ".join(literal(reason) for reason in reasons) + ".") if reasons else ""
+    return f"**{VERDICT_WORDS[verdict]}** · {claim} {evidence_sentence(evidence)}{why}"
 
 
 def recorded_claim(evidence: dict, failed: bool) -> str:
@@ -297,21 +375,18 @@ if not audits.empty:
     audit_id = st.selectbox("Show", ids, index=ids.index(wanted) if wanted in ids else 0, key=f"audit_show_{wanted}",
                             format_func=lambda value: plain(" · ".join(str(item) for item in shown.set_index("audit_id").loc[value, ["verdict", "layer", "implementation", "created"]])))
     with st.expander(f"All {len(shown)} stored audits"):
-        st.dataframe(shown, hide_index=True, column_config={"summary": st.column_config.TextColumn("summary", width="large")})
+        st.dataframe(shown.fillna("–"), hide_index=True, column_config={
+            "audit_id": st.column_config.TextColumn("audit"), "run_id": st.column_config.TextColumn("run"),
+            "summary": st.column_config.TextColumn("summary", width="large")})
     if unsaved is None or st.session_state.get("audit_selected"):
         evidence = store.get_audit(audit_id)["evidence"]
 
 verdict = evidence["verdict"]
-# Constants: the stored verdict is only compared.
-headline = {"fail": "**FAIL** · ", "inconclusive": "**INCONCLUSIVE** · "}.get(verdict, "**PASS** · ")
-if evidence.get("layer") == "recorded":
-    headline += recorded_claim(evidence, verdict == "fail") + " · "
 # Material symbols (Streamlit's bundled icon font), not emoji: without an emoji font those draw as empty boxes.
 banner = {"fail": (st.error, ":material/error:"), "inconclusive": (st.warning, ":material/warning:")}.get(
     verdict, (st.success, ":material/check_circle:"))
-banner[0](headline + md("{line}", line=line_without_verdict(evidence)), icon=banner[1])
-for reason in evidence.get("reasons") or []:
-    st.markdown(f"- {literal(reason)}")
+# One paragraph says the verdict once, in words; the reasons are in it (not listed again below).
+banner[0](verdict_paragraph(evidence), icon=banner[1])  # literal-ok: verdict_paragraph passes untrusted text through md/literal
 figure = audit_figure(evidence)
 if figure is not None:
     st.plotly_chart(figure, key="audit_chart")
@@ -335,7 +410,7 @@ if prompts:
     st.dataframe(prompts, hide_index=True)
 settings = evidence.get("settings")
 if settings:
-    st.caption(md("Settings: {settings}", settings=", ".join(f"{key} = {value}" for key, value in settings.items())))
+    st.caption(md("Settings: {settings}", settings=" · ".join(f"{key} {readable(value)}" for key, value in settings.items())))
 if audit_id is not None and evidence is not unsaved:
     st.download_button("Download report (HTML)", build_report(store, [], [audit_id]), file_name=f"audit-{file_name_part(audit_id)}.html",
                        mime="text/html", key="audit_report")
