@@ -164,11 +164,16 @@ def positions_divergence(reference: pd.DataFrame, other: pd.DataFrame) -> int | 
     else ``None``."""
     for left, right in zip(reference[["position", "kind", "token"]].itertuples(index=False),
                            other[["kind", "token"]].itertuples(index=False)):
-        if left.kind != right.kind or int(left.token) != int(right.token):
+        if left.kind != right.kind or _token(left.token) != _token(right.token):
             return int(left.position)
     if len(reference) != len(other):
         return min(len(reference), len(other))
     return None
+
+
+def _token(value: Any) -> int | None:
+    """A stored token id, ``None`` where a file left it empty (NA compares as neither equal nor not)."""
+    return None if pd.isna(value) else int(value)
 
 
 def member_figures(member: Any, positions: pd.DataFrame) -> dict[str, float]:

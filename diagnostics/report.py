@@ -13,15 +13,13 @@ tell the user or host name).
 
 from __future__ import annotations
 
-import getpass
 import html
-import re
 import shlex
-import socket
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
@@ -41,6 +39,7 @@ from diagnostics.explain import explain_step
 from diagnostics.inspection import position_view, tree_node_view
 from diagnostics.metrics import log_likelihood
 from diagnostics.rules import get_rule
+from diagnostics.shareable import machine_free, shared_db_name
 from diagnostics.store import Store, StoreError, complete_groups
 from diagnostics.untrusted import visible
 
@@ -53,22 +52,6 @@ SUMMARY_FIELDS = [
     ("mean TV(P, baseline)", "mean_tv_baseline", "mean distortion against the matched baseline"),
     ("log-likelihood", "log_likelihood", "Σ log p(y) of the output under the target's policy law"),
 ]
-
-
-# The reproduce lines' database name when the file's own name would tell who or where sent it.
-SHARED_DB_NAME = "runs.duckdb"
-# What of the sender's machine a shared report must not carry: URLs (a host name), absolute POSIX
-# paths of two parts or more and home-relative ones (~/x, ~alice/x), Windows drive and UNC paths.
-_URL = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*)://[^\s'\"<>]+")
-_PATH = re.compile(r"(?<![\w.~-])(?:~[\w.-]*(?:/[^\s/'\"<>(),;]+)+|(?:/[^\s/'\"<>(),;]+){2,})/?"
-                   r"|(?<!\w)[A-Za-z]:[\\/][^\s'\"<>]+|\\\\[^\s\\'\"<>]+\\[^\s'\"<>]+")
-
-
-def machine_free(text: str) -> str:
-    """``text`` with nothing of this machine in it: each absolute or home-relative path cut to
-    ``…/`` and its last part (``/home/alice/models/tiny`` → ``…/tiny``), each URL to its scheme."""
-    text = _URL.sub(lambda match: f"{match.group(1)}://…", text)
-    return _PATH.sub(lambda match: "…/" + re.split(r"[/\\]", match.group(0).rstrip("/\\"))[-1], text)
 
 
 def _text(value: Any, keep: str = "", content: bool = False) -> str:
@@ -96,18 +79,6 @@ def reproduce_command(run_id: str, db: str | Path) -> str:
         return f"{name}{'=' if value.startswith('-') else ' '}{shlex.quote(value)}"
 
     return f"python -m diagnostics run {option('--replay', str(run_id))} {option('--db', str(db))}"
-
-
-def shared_db_name(path: str | Path) -> str:
-    """The database as a shared report's reproduce lines name it: the file's base name, or
-    ``SHARED_DB_NAME`` where that name holds this machine's user or host name."""
-    name = Path(path).name
-    words = {word.lower() for word in re.split(r"[^0-9A-Za-z]+", name) if word}
-    try:
-        identities = {getpass.getuser().lower(), socket.gethostname().split(".")[0].lower()}
-    except (KeyError, OSError):  # no user name in this environment: the placeholder is the safe side
-        return SHARED_DB_NAME
-    return SHARED_DB_NAME if not name or words & identities else name
 
 
 def _references(store: Store, runs: list[dict[str, Any]]) -> dict[tuple[str, int], str | None]:
@@ -227,7 +198,7 @@ def _stored_decoder(*frames: Any):
         for token_column, text_column in (("token", "token_text"), ("draft_token", "draft_text")):
             if token_column in frame and text_column in frame:
                 for token, text in zip(frame[token_column], frame[text_column]):
-                    if isinstance(text, str) and token == token and token is not None:
+                    if isinstance(text, str) and not pd.isna(token):  # a bonus has no draft: NA
                         texts.setdefault(int(token), text)
     return lambda token: texts.get(int(token), f"id {int(token)}")
 
@@ -236,31 +207,50 @@ def _figure_html(figure: Any, div_id: str) -> str:
     return pio.to_html(figure, include_plotlyjs=False, full_html=False, div_id=div_id)
 
 
+NO_MODEL = "a report loads no model"
+
+
+def _record_at(positions: Any, position: int) -> dict[str, Any] | None:
+    """The stored position ``position`` of a run, ``None`` where the run has none (it ended before)."""
+    rows = positions[positions["position"] == position] if len(positions) else positions
+    return rows.iloc[0].to_dict() if len(rows) else None
+
+
 def why_section(store: Store, reference_run: dict[str, Any], reference_positions: Any, run: dict[str, Any], positions: Any,
                 position: int, index: int) -> str:
     """Why ``run`` leaves its seed's reference at ``position``, as the Compare page tells it: the one-line
-    reason and the chart (``divergence_figure``; a tree run's node view, ``tree_candidates_figure``),
-    drawn from the stored top-k of ``p`` and ``q`` (a report loads no model)."""
+    reason and the chart (``divergence_figure``; with a tree run, each run's node view), drawn
+    from the stored top-k of ``p`` and ``q`` (a report loads no model)."""
     heading = f"<h3>Why it leaves the reference {_text(reference_run['rule'])} at position {int(position)}</h3>"
-    if position >= len(reference_positions) or position >= len(positions):
+    ref_record, record = _record_at(reference_positions, position), _record_at(positions, position)
+    if ref_record is None or record is None:
         return heading + "<p>One run ended there.</p>"
-    ref_record = reference_positions.iloc[position].to_dict()
-    record = positions.iloc[position].to_dict()
     decode = _stored_decoder(reference_positions, positions)
-    unavailable = "a report loads no model"
-    if reference_run.get("tree") or run.get("tree"):
-        return heading + "".join(_tree_or_chain_step(store, side, side_record, decode, f"why-{index}-{which}")
-                                 for which, (side, side_record) in enumerate(((reference_run, ref_record), (run, record))))
+    try:
+        if reference_run.get("tree") or run.get("tree"):
+            return heading + "".join(_tree_or_chain_step(store, side, side_record, decode, f"why-{index}-{which}")
+                                     for which, (side, side_record) in enumerate(((reference_run, ref_record), (run, record))))
+        return heading + _chain_why(reference_run, ref_record, run, record, decode, f"why-{index}")
+    except (KeyError, IndexError, TypeError, ValueError) as error:
+        # A shared file's positions can be valid row by row yet not make a step (top-k ids that do
+        # not hold the drafted token, say): the rest of the report is still worth having.
+        return heading + f'<p class="meta">The stored positions there cannot be charted: {_text(str(error).splitlines()[0] if str(error) else type(error).__name__)}.</p>'
+
+
+def _chain_why(reference_run: dict[str, Any], ref_record: dict[str, Any], run: dict[str, Any], record: dict[str, Any],
+               decode: Any, div_id: str) -> str:
+    """Two chain runs at their divergence: the reason line, then ``p``, ``q``, each rule's fallback
+    law and each rule's ``a(x)`` against the shared coin, on the reference's laws (same prefix)."""
     reason = divergence_reason(reference_run["rule"], ref_record, run["rule"], record, decode)
-    detail = position_view(reference_run, ref_record, None, decode, unavailable=unavailable)
+    detail = position_view(reference_run, ref_record, None, decode, unavailable=NO_MODEL)
+    tail = len(detail.ids or [])  # rebuilt laws index the stored top-k (a token outside it: the tail bar)
     steps = []
     for spec, step_record in ((reference_run["rule"], ref_record), (run["rule"], record)):
         view = explain_step(get_rule(spec), detail.view.p_target, detail.view.q_draft, detail.view.labels)
-        tail = len(detail.ids or [])  # rebuilt laws index the stored top-k (a token outside it: the tail bar)
         steps.append((view, {**step_record, "token": detail.index_of(step_record["token"], tail),
                              "draft_token": detail.index_of(step_record.get("draft_token"), tail)}))
     figure = divergence_figure(detail.view.p_target, detail.view.q_draft, steps)
-    return (f'{heading}<p class="reason">{_text(reason, content=True)}</p>{_figure_html(figure, f"why-{index}")}'
+    return (f'<p class="reason">{_text(reason, content=True)}</p>{_figure_html(figure, div_id)}'
             f'<p class="meta">{_text(detail.note)}</p>')
 
 
@@ -270,14 +260,14 @@ def _tree_or_chain_step(store: Store, run: dict[str, Any], record: dict[str, Any
     shape = f"tree {run['tree']}" if run.get("tree") else f"chain γ = {run['gamma']}"
     title = f"<h4>{_text(run['rule'])} · {_text(shape)}</h4>"
     nodes = store.tree_nodes(run["run_id"], block=int(record["block"])) if run.get("tree") else None
-    view = tree_node_view(run, record, nodes, None, decode, "a report loads no model") if nodes is not None else None
+    view = tree_node_view(run, record, nodes, None, decode, NO_MODEL) if nodes is not None else None
     if view is not None:
         emitted = repr(decode(int(record["token"])))
         line = tree_decision_line(run["rule"], record["kind"], view.candidates, emitted)
         figure = tree_candidates_figure(view, top_n=12, emitted_token=view.index_of(record["token"]))
     else:
         line = decision_line(run["rule"], record, decode)
-        detail = position_view(run, record, None, decode, unavailable="a report loads no model")
+        detail = position_view(run, record, None, decode, unavailable=NO_MODEL)
         draft_token = None if record["kind"] == "bonus" else detail.index_of(record.get("draft_token"))
         figure = law_figure(detail.view, top_n=12, draft_token=draft_token, emitted_token=detail.index_of(record["token"]),
                             kind=record["kind"])

@@ -289,7 +289,7 @@ def test_a_two_seed_group_report_tells_each_run_against_its_own_seed_and_nothing
 def test_machine_free_cuts_paths_and_urls_but_leaves_specs_alone() -> None:
     """Paths of every form lose all but their last part, URLs their host; rule specs, ratios and
     relative names stay as written."""
-    from diagnostics.report import machine_free
+    from diagnostics.shareable import machine_free
 
     cases = {
         "/home/alice/models/tiny": "…/tiny",
@@ -309,8 +309,46 @@ def test_the_reproduce_line_names_no_user_or_host(tmp_path: Path) -> None:
     import getpass
     import socket
 
-    from diagnostics.report import SHARED_DB_NAME, shared_db_name
+    from diagnostics.shareable import SHARED_DB_NAME, shared_db_name
 
     assert shared_db_name(tmp_path / "mine.duckdb") == "mine.duckdb"
     assert shared_db_name(tmp_path / f"{getpass.getuser()}-runs.duckdb") == SHARED_DB_NAME
     assert shared_db_name(tmp_path / f"runs.{socket.gethostname()}.duckdb") == SHARED_DB_NAME
+
+
+def test_a_chain_vs_tree_group_report_draws_each_runs_node_at_the_divergence(tmp_path: Path) -> None:
+    """A group comparing a chain and a tree: the why part shows each run's own decision there (the
+    chain's step, the tree's candidates in the order tried), one chart per run, as the Compare page."""
+    from dataclasses import replace
+
+    from diagnostics.comparison import plan_group, run_group
+
+    store = Store(tmp_path / "runs.duckdb")
+    chain = plan_group("lossless, lenience:0.5", [3], RunRequest(prompt="w1 w2 w3 w1 w2", draft="early-exit:1", gamma=3,
+                                                                  max_new_tokens=12, raw=True))
+    requests = [chain[0], replace(chain[1], tree="3,2")]
+    _, results, stored = run_group(store, load_model(save_tiny_model(tmp_path / "tiny", seed=0)), "early-exit:1", requests)
+    tree_run = results[1][0]
+    assert stored[tree_run] is not None, "the fixture's tree run must leave the chain"
+    section = _run_sections(build_report(store, [tree_run]))[tree_run]
+    assert f"Why it leaves the reference lossless at position {stored[tree_run]}" in section
+    assert "<h4>lossless · chain γ = 3</h4>" in section and "<h4>lenience:0.5 · tree 3,2</h4>" in section
+    assert "lenience:0.5 tries " in section and section.count('<div id="why-') == 2
+
+
+def test_a_divergence_that_cannot_be_charted_leaves_the_rest_of_the_report(group, monkeypatch) -> None:
+    """Positions of a shared file that are valid row by row yet make no step: the why part says so
+    in one line and the report is still written (stand-in: the chart function refuses)."""
+    import diagnostics.report
+
+    store, run_ids = group
+    position = store.get_run(run_ids[1])["divergence_position"]
+    assert position is not None, "the fixture's second run must leave the reference"
+
+    def refuse(*_args, **_kwargs):
+        raise ValueError("the drafted token is not in the stored top-k\nsecond line")
+
+    monkeypatch.setattr(diagnostics.report, "divergence_figure", refuse)
+    text = build_report(store, run_ids)
+    assert "The stored positions there cannot be charted: the drafted token is not in the stored top-k.</p>" in text
+    assert "second line" not in text and '<div id="why-' not in text and text.count('<div id="tracks-') == 2
