@@ -21,11 +21,22 @@ _PATH = re.compile(r"(?<![\w.~-])(?:~[\w.-]*(?:/[^\s/'\"<>(),;]+)+|(?:/[^\s/'\"<
                    r"|(?<!\w)[A-Za-z]:[\\/][^\s'\"<>]+|\\\\[^\s\\'\"<>]+\\[^\s'\"<>]+")
 
 
+# A value that is one path as a whole (a model folder, a prompt file): its name may hold spaces,
+# brackets or markup, which a path inside free text is taken to end at.
+_WHOLE_PATH = re.compile(r"(?:~[^/\\]*|[A-Za-z]:)?[/\\][^\n]*")
+
+
+def _last_part(path: str) -> str:
+    return "…/" + re.split(r"[/\\]", path.rstrip("/\\"))[-1]
+
+
 def machine_free(text: str) -> str:
     """``text`` with nothing of this machine in it: each absolute or home-relative path cut to
     ``…/`` and its last part (``/home/alice/models/tiny`` → ``…/tiny``), each URL to its scheme."""
+    if _WHOLE_PATH.fullmatch(text) and not _URL.search(text) and len(re.split(r"[/\\]", text.rstrip("/\\"))) > 2:
+        return _last_part(text)
     text = _URL.sub(lambda match: f"{match.group(1)}://…", text)
-    return _PATH.sub(lambda match: "…/" + re.split(r"[/\\]", match.group(0).rstrip("/\\"))[-1], text)
+    return _PATH.sub(lambda match: _last_part(match.group(0)), text)
 
 
 def shared_db_name(path: str | Path) -> str:

@@ -293,8 +293,11 @@ def test_machine_free_cuts_paths_and_urls_but_leaves_specs_alone() -> None:
 
     cases = {
         "/home/alice/models/tiny": "…/tiny",
+        "/home/alice/My Models/<img src=x> tiny (v2).jsonl": "…/<img src=x> tiny (v2).jsonl",  # one path as a whole: its name kept whole
+        "cannot load '/home/alice/m' (no config)": "cannot load '…/m' (no config)",
         "model:/home/alice/draft/": "model:…/draft",
-        "~/models/x and ~bob/y/z": "…/x and …/z",
+        "see ~/models/x and ~bob/y/z": "see …/x and …/z",
+        "~/models/x": "…/x",
         r"C:\Users\alice\runs.duckdb": "…/runs.duckdb",
         r"\\fileserver\share\m": "…/m",
         "http://alice-laptop.local:8080/v1/completions": "http://…",
