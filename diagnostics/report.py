@@ -187,7 +187,7 @@ def _divergence_position(run: dict[str, Any], reference: str | None, positions: 
     if reference in by_id:
         return positions_divergence(by_id[reference][1], positions)
     stored = run.get("divergence_position")
-    return None if stored is None or stored != stored else int(stored)
+    return None if pd.isna(stored) else int(stored)
 
 
 def _stored_decoder(*frames: Any):
