@@ -147,6 +147,35 @@ def references(members: pd.DataFrame) -> dict[int, str]:
     return found
 
 
+def seed_references(members: pd.DataFrame) -> dict[int, str | None]:
+    """Each seed's reference run id, or ``None`` where the file lacks it: a seed's first member that
+    has a divergence of its own was measured against a run not here (one member exported alone).
+    ``members`` ordered by creation (``Store.group``)."""
+    found: dict[int, str | None] = {}
+    for seed, run_id in references(members).items():
+        stored = members.loc[members["run_id"] == run_id, "divergence_position"].iloc[0]
+        found[seed] = run_id if pd.isna(stored) else None
+    return found
+
+
+def positions_divergence(reference: pd.DataFrame, other: pd.DataFrame) -> int | None:
+    """``runner.first_divergence`` over two stored runs' positions (ordered by position): the first
+    position where they decide differently (kind or token), else where the shorter one ends,
+    else ``None``."""
+    for left, right in zip(reference[["position", "kind", "token"]].itertuples(index=False),
+                           other[["kind", "token"]].itertuples(index=False)):
+        if left.kind != right.kind or _token(left.token) != _token(right.token):
+            return int(left.position)
+    if len(reference) != len(other):
+        return min(len(reference), len(other))
+    return None
+
+
+def _token(value: Any) -> int | None:
+    """A stored token id, ``None`` where a file left it empty (NA compares as neither equal nor not)."""
+    return None if pd.isna(value) else int(value)
+
+
 def member_figures(member: Any, positions: pd.DataFrame) -> dict[str, float]:
     """A member's per-run figures: ``α̂`` (accepted / verified), block efficiency, mean ``TV(P, p)``,
     the target log-likelihood of the output."""

@@ -2,7 +2,13 @@
 
 plotly.js is inlined once; figures are the same as the pages' (``diagnostics.charts``). Every
 piece of user or model text (prompt, output, token text) is HTML-escaped. A compared group is
-reported whole (its reference first), so every divergence points at a run the report shows.
+reported whole (its reference first), so every divergence points at a run the report shows; each
+run is told against its own seed's reference, with the chart of why it leaves it.
+
+A report is made to be shared: nothing of the sender's machine goes in. Absolute paths (a model
+folder, a samples file, the database) are cut to their last part, URLs to their scheme, and the
+reproduce lines name the database by its base name (``SHARED_DB_NAME`` where that name would
+tell the user or host name).
 """
 
 from __future__ import annotations
@@ -13,13 +19,27 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
 from diagnostics import __version__
 from diagnostics.audit.reporting import pair_rows, worst_position_rows, worst_prompt_rows
-from diagnostics.charts import audit_figure, token_strip_html, tracks_figure
+from diagnostics.charts import (
+    audit_figure,
+    divergence_figure,
+    law_figure,
+    token_strip_html,
+    tracks_figure,
+    tree_candidates_figure,
+)
+from diagnostics.comparison import positions_divergence, seed_references
+from diagnostics.divergence import decision_line, divergence_reason, tree_decision_line
+from diagnostics.explain import explain_step
+from diagnostics.inspection import position_view, tree_node_view
 from diagnostics.metrics import log_likelihood
+from diagnostics.rules import get_rule
+from diagnostics.shareable import machine_free, shared_db_name
 from diagnostics.store import Store, StoreError, complete_groups
 from diagnostics.untrusted import visible
 
@@ -34,8 +54,12 @@ SUMMARY_FIELDS = [
 ]
 
 
-def _text(value: Any, keep: str = "") -> str:
-    """Untrusted text for HTML: control and format characters shown as escapes, then HTML-escaped."""
+def _text(value: Any, keep: str = "", content: bool = False) -> str:
+    """Untrusted text for HTML: paths and URLs cut (``machine_free``; not in ``content``, the
+    prompt a user wrote, which is shown as written), control and format characters shown as
+    escapes, then HTML-escaped."""
+    if not content and isinstance(value, str):
+        value = machine_free(value)
     return html.escape(visible(value, keep=keep))
 
 
@@ -57,20 +81,36 @@ def reproduce_command(run_id: str, db: str | Path) -> str:
     return f"python -m diagnostics run {option('--replay', str(run_id))} {option('--db', str(db))}"
 
 
-def _divergence(run: dict[str, Any], references: dict[str, str | None]) -> tuple[str, str]:
+def _references(store: Store, runs: list[dict[str, Any]]) -> dict[tuple[str, int], str | None]:
+    """Each (group, seed)'s reference run id, ``None`` where the file lacks it (``seed_references``)."""
+    found: dict[tuple[str, int], str | None] = {}
+    for group_id in dict.fromkeys(run["group_id"] for run in runs if run.get("group_id") is not None):
+        for seed, run_id in seed_references(store.group(group_id)).items():
+            found[(group_id, seed)] = run_id
+    return found
+
+
+def _reference_of(run: dict[str, Any], references: dict[tuple[str, int], str | None]) -> str | None:
+    """The run's own seed's reference in its group (``None``: not grouped, or not in the file)."""
+    if run.get("group_id") is None or run.get("seed") is None:
+        return None
+    return references.get((run["group_id"], int(run["seed"])))
+
+
+def _divergence(run: dict[str, Any], reference: str | None, position: int | None) -> tuple[str, str]:
     """A run's place in its compared group: (table cell, sentence for the meta line, HTML-escaped).
-    ``references`` maps a group id to its reference run, or to ``None`` when the file lacks it."""
+    ``reference``: its seed's reference run (``None`` when the file lacks it); ``position``: its
+    first divergence from that run."""
     group_id = run.get("group_id")
     if group_id is None:
         return "–", ""
-    reference = references.get(group_id)
+    of_group = f"of group {_text(group_id)} at seed {_number(run.get('seed'))}"
     if reference == run["run_id"]:
-        return "reference", f"reference run of group {_text(group_id)}"
-    position = run.get("divergence_position")
-    where = (f"the reference run {_text(reference)} of group {_text(group_id)}" if reference is not None
-             else f"the reference run of group {_text(group_id)} (not in this file)")
+        return "reference", f"reference run {of_group}"
+    where = (f"the reference run {_text(reference)} {of_group}" if reference is not None
+             else f"the reference run {of_group} (not in this file)")
     if position is None:
-        return "none", f"no divergence from {where}"
+        return "never", f"no divergence from {where}"
     return _number(position), f"first divergence from {where}: {_number(position)}"
 
 
@@ -86,8 +126,9 @@ def audit_section(audit: dict[str, Any], index: int) -> str:
     """One stored audit (a ``Store.get_audit`` row): verdict, summary, chart and evidence tables."""
     evidence = audit["evidence"]
     verdict = str(audit["verdict"])
-    figure = audit_figure(evidence)
-    chart = pio.to_html(figure, include_plotlyjs=False, full_html=False, div_id=f"audit-{index}") if figure else ""
+    # The chart's title names the reference law, maybe by a model folder's path: cut like the text.
+    figure = audit_figure({**evidence, "reference": machine_free(str(evidence["reference"]))} if "reference" in evidence else evidence)
+    chart = _figure_html(figure, f"audit-{index}") if figure else ""
     reasons = evidence.get("reasons") or [f"{flag['check']} at position {flag['position']}: {flag['detail']}" for flag in evidence.get("flags", [])[:10]]
     return f"""
 <section class="audit">
@@ -136,20 +177,118 @@ def sweep_section(store: Store, sweep_id: str, index: int, cost: float = 0.5) ->
 </section>"""
 
 
+def _divergence_position(run: dict[str, Any], reference: str | None, positions: Any,
+                         by_id: dict[str, tuple[dict[str, Any], Any]]) -> int | None:
+    """The run's first divergence from its own seed's reference: recomputed from both runs' stored
+    positions when the report holds the reference, else the stored position (measured, when it was
+    run, against a reference this file lacks); ``None`` for the reference itself and ungrouped runs."""
+    if run.get("group_id") is None or reference == run["run_id"]:
+        return None
+    if reference in by_id:
+        return positions_divergence(by_id[reference][1], positions)
+    stored = run.get("divergence_position")
+    return None if pd.isna(stored) else int(stored)
+
+
+def _stored_decoder(*frames: Any):
+    """Token id → the text the runs stored for it (``id N`` for an id none of them emitted or drafted):
+    a report loads no model, so the chart labels come from the file."""
+    texts: dict[int, str] = {}
+    for frame in frames:
+        for token_column, text_column in (("token", "token_text"), ("draft_token", "draft_text")):
+            if token_column in frame and text_column in frame:
+                for token, text in zip(frame[token_column], frame[text_column]):
+                    if isinstance(text, str) and not pd.isna(token):  # a bonus has no draft: NA
+                        texts.setdefault(int(token), text)
+    return lambda token: texts.get(int(token), f"id {int(token)}")
+
+
+def _figure_html(figure: Any, div_id: str) -> str:
+    return pio.to_html(figure, include_plotlyjs=False, full_html=False, div_id=div_id)
+
+
+NO_MODEL = "a report loads no model"
+
+
+def _record_at(positions: Any, position: int) -> dict[str, Any] | None:
+    """The stored position ``position`` of a run, ``None`` where the run has none (it ended before)."""
+    rows = positions[positions["position"] == position] if len(positions) else positions
+    return rows.iloc[0].to_dict() if len(rows) else None
+
+
+def why_section(store: Store, reference_run: dict[str, Any], reference_positions: Any, run: dict[str, Any], positions: Any,
+                position: int, index: int) -> str:
+    """Why ``run`` leaves its seed's reference at ``position``, as the Compare page tells it: the one-line
+    reason and the chart (``divergence_figure``; with a tree run, each run's node view), drawn
+    from the stored top-k of ``p`` and ``q`` (a report loads no model)."""
+    heading = f"<h3>Why it leaves the reference {_text(reference_run['rule'])} at position {int(position)}</h3>"
+    ref_record, record = _record_at(reference_positions, position), _record_at(positions, position)
+    if ref_record is None or record is None:
+        return heading + "<p>One run ended there.</p>"
+    decode = _stored_decoder(reference_positions, positions)
+    try:
+        if reference_run.get("tree") or run.get("tree"):
+            return heading + "".join(_tree_or_chain_step(store, side, side_record, decode, f"why-{index}-{which}")
+                                     for which, (side, side_record) in enumerate(((reference_run, ref_record), (run, record))))
+        return heading + _chain_why(reference_run, ref_record, run, record, decode, f"why-{index}")
+    except (KeyError, IndexError, TypeError, ValueError) as error:
+        # A shared file's positions can be valid row by row yet not make a step (top-k ids that do
+        # not hold the drafted token, say): the rest of the report is still worth having.
+        return heading + f'<p class="meta">The stored positions there cannot be charted: {_text(str(error).splitlines()[0] if str(error) else type(error).__name__)}.</p>'
+
+
+def _chain_why(reference_run: dict[str, Any], ref_record: dict[str, Any], run: dict[str, Any], record: dict[str, Any],
+               decode: Any, div_id: str) -> str:
+    """Two chain runs at their divergence: the reason line, then ``p``, ``q``, each rule's fallback
+    law and each rule's ``a(x)`` against the shared coin, on the reference's laws (same prefix)."""
+    reason = divergence_reason(reference_run["rule"], ref_record, run["rule"], record, decode)
+    detail = position_view(reference_run, ref_record, None, decode, unavailable=NO_MODEL)
+    tail = len(detail.ids or [])  # rebuilt laws index the stored top-k (a token outside it: the tail bar)
+    steps = []
+    for spec, step_record in ((reference_run["rule"], ref_record), (run["rule"], record)):
+        view = explain_step(get_rule(spec), detail.view.p_target, detail.view.q_draft, detail.view.labels)
+        steps.append((view, {**step_record, "token": detail.index_of(step_record["token"], tail),
+                             "draft_token": detail.index_of(step_record.get("draft_token"), tail)}))
+    figure = divergence_figure(detail.view.p_target, detail.view.q_draft, steps)
+    return (f'<p class="reason">{_text(reason, content=True)}</p>{_figure_html(figure, div_id)}'
+            f'<p class="meta">{_text(detail.note)}</p>')
+
+
+def _tree_or_chain_step(store: Store, run: dict[str, Any], record: dict[str, Any], decode: Any, div_id: str) -> str:
+    """One run's decision at a divergence of a group with a tree run: its node view (candidates in
+    order, the law after each refusal) or, for a chain run, its step on ``p`` and ``q``."""
+    shape = f"tree {run['tree']}" if run.get("tree") else f"chain γ = {run['gamma']}"
+    title = f"<h4>{_text(run['rule'])} · {_text(shape)}</h4>"
+    nodes = store.tree_nodes(run["run_id"], block=int(record["block"])) if run.get("tree") else None
+    view = tree_node_view(run, record, nodes, None, decode, NO_MODEL) if nodes is not None else None
+    if view is not None:
+        emitted = repr(decode(int(record["token"])))
+        line = tree_decision_line(run["rule"], record["kind"], view.candidates, emitted)
+        figure = tree_candidates_figure(view, top_n=12, emitted_token=view.index_of(record["token"]))
+    else:
+        line = decision_line(run["rule"], record, decode)
+        detail = position_view(run, record, None, decode, unavailable=NO_MODEL)
+        draft_token = None if record["kind"] == "bonus" else detail.index_of(record.get("draft_token"))
+        figure = law_figure(detail.view, top_n=12, draft_token=draft_token, emitted_token=detail.index_of(record["token"]),
+                            kind=record["kind"])
+    return f'{title}<p class="reason">{_text(line, content=True)}</p>{_figure_html(figure, div_id)}'
+
+
 def build_report(store: Store, run_ids: list[str], audit_ids: list[str] | None = None, sweep_ids: list[str] | None = None,
                  cost: float = 0.5) -> str:
     """HTML text of the report for ``run_ids`` (one run, or a coupled group in order), with the
     stored audits of those runs, the audits ``audit_ids`` and the sweeps ``sweep_ids`` (their
     figures at draft/target cost ratio ``cost``). Every member of a compared group one of the
-    runs belongs to is included (the report says which were added); the reproduce line of each
-    run is its ``run --replay`` command against this store's file."""
+    runs belongs to is included (the report says which were added), each run told against its own
+    seed's reference; the reproduce line of each run is its ``run --replay`` command against this
+    store's file, named by ``shared_db_name`` (nothing of this machine in the report)."""
     audit_ids = list(audit_ids or [])
     sweep_ids = list(sweep_ids or [])
     if not run_ids and not audit_ids and not sweep_ids:
         raise StoreError("give at least one run id, audit id or sweep id")
     completion = complete_groups(store, run_ids)
     run_ids = completion.run_ids
-    db_path = store.path.absolute()
+    db_name = shared_db_name(store.path)
     runs = []
     for run_id in run_ids:
         run = store.get_run(run_id)
@@ -165,17 +304,20 @@ def build_report(store: Store, run_ids: list[str], audit_ids: list[str] | None =
         if audit is None:
             raise StoreError(f"there is no audit {audit_id!r} in {store.path}")
         audits.append(audit)
-    references: dict[str, str | None] = {}
-    for run, _ in runs:  # complete_groups puts each group's members in creation order: the first is the reference,
-        if run.get("group_id") is not None and run["group_id"] not in references:  # unless it diverges (the file lacks it)
-            references[run["group_id"]] = run["run_id"] if run.get("divergence_position") is None else None
+    references = _references(store, [run for run, _ in runs])
+    by_id = {run["run_id"]: (run, positions) for run, positions in runs}
+    places: dict[str, tuple[str, str]] = {}
     sections = []
     for index, (run, positions) in enumerate(runs):
         records = positions.to_dict("records")
-        divergence = run.get("divergence_position") if references.get(run.get("group_id")) != run["run_id"] else None
-        _, place = _divergence(run, references)
+        reference = _reference_of(run, references)
+        divergence = _divergence_position(run, reference, positions, by_id)
+        places[run["run_id"]] = _divergence(run, reference, divergence)
+        place = places[run["run_id"]][1]
         figure = tracks_figure(positions, divergence=divergence) if len(positions) else None
-        figure_html = pio.to_html(figure, include_plotlyjs=False, full_html=False, div_id=f"tracks-{index}") if figure else "<p>No positions.</p>"
+        figure_html = _figure_html(figure, f"tracks-{index}") if figure else "<p>No positions.</p>"
+        why = (why_section(store, *by_id[reference], run, positions, divergence, index)
+               if divergence is not None and reference in by_id else "")
         sections.append(f"""
 <section class="run">
   <h2>{_text(run['rule'])} <small>run {_text(run['run_id'])} · {_text(run['status'])}</small></h2>
@@ -183,9 +325,10 @@ def build_report(store: Store, run_ids: list[str], audit_ids: list[str] | None =
      max new tokens {_number(run.get('max_new_tokens'))} · policy {_text(run['policy'] or '')} · ran on {_text(run.get('device') or 'unknown')}{' · ' + place if place else ''}</p>
   <h3>Output</h3>
   {token_strip_html(records, divergence=divergence)}
+  {why}
   <h3>Per-position tracks</h3>
   {figure_html}
-  <p class="meta">Reproduce: <code>{_text(reproduce_command(run['run_id'], db_path))}</code></p>
+  <p class="meta">Reproduce: <code>{_text(reproduce_command(run['run_id'], db_name), content=True)}</code></p>
 </section>""")
     sections += [sweep_section(store, sweep_id, index, cost) for index, sweep_id in enumerate(sweep_ids)]
     if audits:
@@ -194,17 +337,21 @@ def build_report(store: Store, run_ids: list[str], audit_ids: list[str] | None =
                         + "".join(audit_section(audit, index) for index, audit in enumerate(audits)) + "</section>")
     header_cells = "".join(f"<th title='{html.escape(help_)}'>{html.escape(name)}</th>" for name, _, help_ in SUMMARY_FIELDS)
     rows = "".join(
-        f"<tr><td>{_text(run['run_id'])}</td><td>{_text(run['rule'])}</td><td>{_divergence(run, references)[0]}</td>"
+        f"<tr><td>{_text(run['run_id'])}</td><td>{_text(run['rule'])}</td><td>{_number(run.get('seed'))}</td>"
+        f"<td>{places[run['run_id']][0]}</td>"
         + "".join(f"<td>{_number(run.get(key))}</td>" for _, key, _ in SUMMARY_FIELDS) + "</tr>"
         for run, _ in runs
     )
     added = "".join(f'<p class="meta">Note: {_text(note)}.</p>' for note in completion.notes("reported"))
     summary = (f"""<h3>Prompt</h3><pre>{_text(runs[0][0]['prompt'] or '', keep=chr(10) + chr(9))}</pre>
 <h3>Summary</h3>{added}
-<table><tr><th>run</th><th>rule</th><th title="first position where the run decides differently from the reference run of its group">first divergence</th>{header_cells}</tr>{rows}</table>
-<p class="meta">Definitions: hover a column title. TV(a, b) = ½ Σ |a − b|; P is the exact law each token was drawn from.</p>"""
+<table><tr><th>run</th><th>rule</th><th>seed</th><th title="first position where the run decides differently from the reference run of its group at its seed">first divergence</th>{header_cells}</tr>{rows}</table>
+<p class="meta">Definitions: hover a column title. TV(a, b) = ½ Σ |a − b|; P is the exact law each token was drawn from.
+ In a compared group each seed's first run is that seed's reference.</p>
+<p class="meta">Reproduce lines name the runs file {_text(db_name, content=True)}: give the path of your copy of it.
+ Nothing of the sender's machine is in this report (paths are cut to their last part, URLs to their scheme).</p>"""
                if runs else "")
-    subject = f"target {runs[0][0]['target']}" if runs else (f"{len(sweep_ids)} sweep(s)" if sweep_ids else f"{len(audits)} audit(s)")
+    subject = f"target {machine_free(str(runs[0][0]['target']))}" if runs else (f"{len(sweep_ids)} sweep(s)" if sweep_ids else f"{len(audits)} audit(s)")
     title = ", ".join(run["rule"] for run, _ in runs) or ("sweeps" if sweep_ids else "losslessness audits")
     created = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return f"""<!DOCTYPE html>

@@ -33,14 +33,15 @@ def group(tmp_path_factory):
 def test_report_is_self_contained_and_offline(group) -> None:
     store, run_ids = group
     text = build_report(store, run_ids)
-    assert text.count("<script") == 1 + len(run_ids)  # plotly.js once, then one small script per figure
+    diverges = store.get_run(run_ids[1])["divergence_position"] is not None  # then the why chart too
+    assert text.count("<script") == 1 + len(run_ids) + diverges  # plotly.js once, then one small script per figure
     # plotly.js itself mentions URLs in strings (map tiles, its logo); the page around it must not load any.
     page = re.sub(r"<script>.*?</script>", "", text, count=1, flags=re.S)
     assert not re.search(r"""(src|href)=["']https?://""", page), "the report must not load anything from the network"
     assert "Content-Security-Policy" in text and "default-src 'none'" in text
     assert "lossless" in text and "cascade:0.5" in text and "seed 5" in text
     for run_id in run_ids:
-        assert f"python -m diagnostics run --replay {run_id} --db {store.path.absolute()}" in text
+        assert f"python -m diagnostics run --replay {run_id} --db runs.duckdb</code>" in text  # the base name only
     assert text.count('data-position="') == 28
 
 
@@ -144,7 +145,7 @@ def test_a_group_report_names_each_run_and_its_reference(group) -> None:
         text = build_report(store, asked)
         rows = _summary_rows(text)
         assert [row[0] for row in rows] == run_ids, asked
-        assert rows[0][1:3] == ["lossless", "reference"] and rows[1][1] == "cascade:0.5" and rows[1][2] != "reference"
+        assert rows[0][1:4] == ["lossless", "5", "reference"] and rows[1][1:3] == ["cascade:0.5", "5"] and rows[1][3] != "reference"
         assert "first divergence from the first run" not in text
         assert text.count("reference run of group ") == 1
         divergence = store.get_run(run_ids[1])["divergence_position"]
@@ -181,12 +182,12 @@ def test_the_reproduce_line_is_quoted_for_the_shell_and_escaped(tmp_path: Path) 
     with duckdb.connect(str(db)) as con:
         con.execute("UPDATE runs SET run_id = ? WHERE run_id = ?", [hostile, run_id])
     text = build_report(store, [hostile])
-    command = f"python -m diagnostics run --replay={shlex.quote(hostile)} --db {shlex.quote(str(db.absolute()))}"
+    command = f"python -m diagnostics run --replay={shlex.quote(hostile)} --db {shlex.quote(db.name)}"
     assert f"<code>{html.escape(command)}</code>" in text
     from diagnostics.cli import build_parser
 
     parsed = build_parser().parse_args(shlex.split(command)[3:])  # what the shell hands the CLI
-    assert parsed.replay == hostile and parsed.db == str(db.absolute())
+    assert parsed.replay == hostile and parsed.db == db.name
     assert "<script>alert(1)" not in text.split("</head>", 1)[1]
 
 
@@ -203,4 +204,154 @@ def test_exporting_one_member_exports_its_whole_group(group, tmp_path: Path, fmt
     assert shared.group(group_id)["run_id"].tolist() == run_ids
     for run_id in run_ids:
         assert len(shared.positions(run_id)) == len(store.positions(run_id))
-    assert _summary_rows(build_report(shared, run_ids[1:]))[0][:3] == [run_ids[0], "lossless", "reference"]
+    assert _summary_rows(build_report(shared, run_ids[1:]))[0][:4] == [run_ids[0], "lossless", "5", "reference"]
+
+
+def _run_sections(text: str) -> dict[str, str]:
+    """Each run's section of a report, by run id (its heading says ``run ID``)."""
+    sections = re.findall(r'<section class="run">\s*<h2>.*?</section>', text, flags=re.S)
+    return {re.search(r"<small>run (\S+) ·", section).group(1): section for section in sections if "<small>run " in section}
+
+
+def test_a_two_seed_group_report_tells_each_run_against_its_own_seed_and_nothing_of_this_machine(tmp_path: Path, capsys) -> None:
+    """``compare --seeds 3-4`` then ``report``: each run is told against its own seed's reference
+    (divergence recomputed from the positions and equal to what the group stored per seed), the
+    summary has a seed column, each diverging run carries the Compare page's why chart, and no
+    absolute path, home folder, user or host name of this machine is anywhere in the HTML.
+
+    Negative control: before the fix the report took the group's first run as every run's
+    reference, so every seed-4 section said "... from the reference run <seed 3's lossless run>"
+    (asserted absent below), the summary had no seed column (its third cell was the divergence),
+    there was no why chart, and the target's folder and the database's absolute path (both under
+    ``tmp_path``, whose name carries the user name) were printed verbatim."""
+    import getpass
+    import socket
+
+    from plotly.offline import get_plotlyjs
+
+    from diagnostics.comparison import plan_group, run_group
+
+    target_folder = save_tiny_model(tmp_path / "models" / "tiny", seed=0)
+    db = tmp_path / "data" / "runs.duckdb"
+    db.parent.mkdir()
+    store = Store(db)
+    requests = plan_group("lossless, lenience:0.5", [3, 4], RunRequest(prompt="w1 w2 w3 w1 w2", draft="ngram:2", gamma=3,
+                                                                      max_new_tokens=12, raw=True))
+    group_id, results, stored = run_group(store, load_model(target_folder), "ngram:2", requests)
+    run_ids = [run_id for run_id, _ in results]
+    seeds = [request.seed for request in requests]
+    references = {3: run_ids[0], 4: run_ids[2]}
+    diverging = [run_id for run_id in run_ids if stored[run_id] is not None]
+    assert diverging, "the fixture must have a run that leaves its reference (else there is no why chart to check)"
+    assert store.get_run(run_ids[0])["target"] == target_folder and str(tmp_path) in target_folder  # the input is hostile
+
+    output = tmp_path / "report.html"
+    assert main(["report", run_ids[3], "--db", str(db), "-o", str(output)]) == 0
+    capsys.readouterr()
+    text = output.read_text(encoding="utf-8")
+
+    rows = _summary_rows(text)
+    assert [row[:3] for row in rows] == [[run_id, request.rule, str(request.seed)] for run_id, request in zip(run_ids, requests)]
+    sections = _run_sections(text)
+    assert list(sections) == run_ids
+    for run_id, seed, row in zip(run_ids, seeds, rows):
+        meta = re.search(r'<p class="meta">target .*?</p>', sections[run_id], flags=re.S).group(0)
+        other = references[7 - seed]
+        assert other not in meta, f"seed {seed}'s run {run_id} names the other seed's reference"
+        if run_id == references[seed]:
+            assert row[3] == "reference" and f"reference run of group {group_id} at seed {seed}" in meta
+            continue
+        where = f"the reference run {references[seed]} of group {group_id} at seed {seed}"
+        position = stored[run_id]
+        assert row[3] == ("never" if position is None else str(position))
+        assert (f"no divergence from {where}" if position is None else f"first divergence from {where}: {position}") in meta
+        why = f"Why it leaves the reference lossless at position {position}"
+        assert (why in sections[run_id]) == (position is not None)
+        if position is not None:  # the chart itself: a plotly div with the page's two panels
+            assert re.search(r'<div id="why-\d+"', sections[run_id]) and "a(x) of the draft vs the coin u" in sections[run_id]
+    assert text.count('<div id="why-') == len(diverging)
+
+    # Nothing of this machine: tmp_path (which holds the model folder and the database) nowhere at all;
+    # the home folder, user and host name nowhere outside plotly.js (a fixed bundle, the same on every
+    # machine, whose code has words like "root" and "vm").
+    assert str(tmp_path) not in text and str(tmp_path.resolve()) not in text
+    bundle = get_plotlyjs()
+    assert text.count(bundle) == 1
+    page = text.replace(bundle, "")
+    assert str(Path.home()) + "/" not in page and not re.search(rf"{re.escape(str(Path.home()))}\b", page)
+    for word in (getpass.getuser(), socket.gethostname()):
+        assert not re.search(rf"(?<![A-Za-z0-9]){re.escape(word)}(?![A-Za-z0-9])", page, flags=re.I), word
+    assert "target …/tiny" in text
+    assert all(f"--replay {run_id} --db runs.duckdb</code>" in text for run_id in run_ids)
+    assert "Reproduce lines name the runs file runs.duckdb" in text
+
+
+def test_machine_free_cuts_paths_and_urls_but_leaves_specs_alone() -> None:
+    """Paths of every form lose all but their last part, URLs their host; rule specs, ratios and
+    relative names stay as written."""
+    from diagnostics.shareable import machine_free
+
+    cases = {
+        "/home/alice/models/tiny": "…/tiny",
+        "/home/alice/My Models/<img src=x> tiny (v2).jsonl": "…/<img src=x> tiny (v2).jsonl",  # one path as a whole: its name kept whole
+        "cannot load '/home/alice/m' (no config)": "cannot load '…/m' (no config)",
+        "model:/home/alice/draft/": "model:…/draft",
+        "see ~/models/x and ~bob/y/z": "see …/x and …/z",
+        "~/models/x": "…/x",
+        r"C:\Users\alice\runs.duckdb": "…/runs.duckdb",
+        r"\\fileserver\share\m": "…/m",
+        "http://alice-laptop.local:8080/v1/completions": "http://…",
+        "lenience:0.5, medusa:0.09,0.3 · 1/2 · data/runs.duckdb · early-exit:1": "lenience:0.5, medusa:0.09,0.3 · 1/2 · data/runs.duckdb · early-exit:1",
+    }
+    for text, expected in cases.items():
+        assert machine_free(text) == expected, text
+
+
+def test_the_reproduce_line_names_no_user_or_host(tmp_path: Path) -> None:
+    """A database named after the user or the host is named by the placeholder instead."""
+    import getpass
+    import socket
+
+    from diagnostics.shareable import SHARED_DB_NAME, shared_db_name
+
+    assert shared_db_name(tmp_path / "mine.duckdb") == "mine.duckdb"
+    assert shared_db_name(tmp_path / f"{getpass.getuser()}-runs.duckdb") == SHARED_DB_NAME
+    assert shared_db_name(tmp_path / f"runs.{socket.gethostname()}.duckdb") == SHARED_DB_NAME
+
+
+def test_a_chain_vs_tree_group_report_draws_each_runs_node_at_the_divergence(tmp_path: Path) -> None:
+    """A group comparing a chain and a tree: the why part shows each run's own decision there (the
+    chain's step, the tree's candidates in the order tried), one chart per run, as the Compare page."""
+    from dataclasses import replace
+
+    from diagnostics.comparison import plan_group, run_group
+
+    store = Store(tmp_path / "runs.duckdb")
+    chain = plan_group("lossless, lenience:0.5", [3], RunRequest(prompt="w1 w2 w3 w1 w2", draft="early-exit:1", gamma=3,
+                                                                  max_new_tokens=12, raw=True))
+    requests = [chain[0], replace(chain[1], tree="3,2")]
+    _, results, stored = run_group(store, load_model(save_tiny_model(tmp_path / "tiny", seed=0)), "early-exit:1", requests)
+    tree_run = results[1][0]
+    assert stored[tree_run] is not None, "the fixture's tree run must leave the chain"
+    section = _run_sections(build_report(store, [tree_run]))[tree_run]
+    assert f"Why it leaves the reference lossless at position {stored[tree_run]}" in section
+    assert "<h4>lossless · chain γ = 3</h4>" in section and "<h4>lenience:0.5 · tree 3,2</h4>" in section
+    assert "lenience:0.5 tries " in section and section.count('<div id="why-') == 2
+
+
+def test_a_divergence_that_cannot_be_charted_leaves_the_rest_of_the_report(group, monkeypatch) -> None:
+    """Positions of a shared file that are valid row by row yet make no step: the why part says so
+    in one line and the report is still written (stand-in: the chart function refuses)."""
+    import diagnostics.report
+
+    store, run_ids = group
+    position = store.get_run(run_ids[1])["divergence_position"]
+    assert position is not None, "the fixture's second run must leave the reference"
+
+    def refuse(*_args, **_kwargs):
+        raise ValueError("the drafted token is not in the stored top-k\nsecond line")
+
+    monkeypatch.setattr(diagnostics.report, "divergence_figure", refuse)
+    text = build_report(store, run_ids)
+    assert "The stored positions there cannot be charted: the drafted token is not in the stored top-k.</p>" in text
+    assert "second line" not in text and '<div id="why-' not in text and text.count('<div id="tracks-') == 2

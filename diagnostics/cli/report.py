@@ -40,13 +40,20 @@ def command_report(args: argparse.Namespace) -> int:
 
 def add_parser(commands: Any) -> None:
     """The ``report`` command's options."""
-    report = commands.add_parser("report", help="one self-contained HTML file for runs (a run or a compared group) and audits")
+    from diagnostics.shareable import SHARED_DB_NAME
+    report = commands.add_parser(
+        "report", help="one self-contained HTML file for runs (a run or a compared group) and audits",
+        description="One self-contained HTML file for runs (a run, or a compared group: each run told against its own "
+                    "seed's reference, with the chart of why it leaves it) and audits. Made to be shared: absolute paths are "
+                    "cut to their last part, URLs to their scheme, and the reproduce lines name the database by its base "
+                    f"name ({SHARED_DB_NAME} where that name holds your user or host name).")
     report.add_argument("run_ids", nargs="*", metavar="RUN_ID", help="runs to include (their stored audits come with them)")
     report.add_argument("--audit", action="append", default=[], metavar="AUDIT_ID", help="a stored audit to include (repeatable)")
     report.add_argument("--sweep", action="append", default=[], metavar="SWEEP_ID",
                         help="a stored sweep to include: its Pareto chart, figures with intervals and verdicts (repeatable)")
     report.add_argument("--cost", type=float, default=0.5, metavar="C",
                         help="draft/target cost ratio of one step for the sweeps' modelled speed-up")
-    report.add_argument("--db", default=None, help="DuckDB file (default $SPECLAB_DB or data/runs.duckdb)")
+    report.add_argument("--db", default=None, help="DuckDB file (default $SPECLAB_DB or data/runs.duckdb); "
+                                                   "the report names it by its base name only")
     report.add_argument("-o", "--output", required=True, help="the HTML file to write")
     report.set_defaults(handler=command_report)
