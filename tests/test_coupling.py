@@ -1,0 +1,139 @@
+"""Divergence from any run: a stored run's coupled partner is found or recorded, linked, and shown
+where and why it parts; a second request finds the stored partner instead of recording again."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tiny_models import save_tiny_model
+
+from diagnostics.comparison import references, run_group
+from diagnostics.coupling import CouplingError, couple, plan_coupling, stored_divergence
+from diagnostics.models import load_model
+from diagnostics.runner import RunRequest, record_run
+from diagnostics.store import Store
+
+BASE = {"prompt": "w1 w2 w3 w1 w2", "draft": "ngram:2", "gamma": 3, "max_new_tokens": 24, "raw": True}
+LOSSY = "lenience:0.3"
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    return load_model(save_tiny_model(tmp_path_factory.mktemp("coupling") / "tiny", seed=0, vocab=64))
+
+
+def _lossy_run(store: Store, target, seed: int = 0, rule: str = LOSSY) -> str:
+    run_id, _ = record_run(store, target, "ngram:2", RunRequest(rule=rule, seed=seed, **BASE))
+    return run_id
+
+
+def _run_count(store: Store) -> int:
+    return len(store.list_runs())
+
+
+def _columns(store: Store, run_id: str):
+    return store.positions(run_id)[["position", "kind", "token", "draft_token", "u_accept", "u_fallback", "accept_prob"]]
+
+
+def test_a_lossy_run_gets_its_coupled_lossless_run_and_a_second_request_finds_it(tmp_path: Path, target) -> None:
+    store = Store(tmp_path / "runs.duckdb")
+    # A seed where the lossy rule leaves the lossless run after a shared prefix (most do on this model).
+    for seed in range(12):
+        lossy = _lossy_run(store, target, seed)
+        coupling = couple(store, lossy, target, "ngram:2")
+        if coupling.divergence is not None and coupling.divergence >= 1:
+            break
+    else:
+        pytest.fail("no seed in 0-11 made lenience:0.3 leave the lossless run after position 0")
+    assert coupling.recorded and coupling.lossy_id == lossy and coupling.lossless_rule == "lossless"
+    lossless, lossy_run = store.get_run(coupling.lossless_id), store.get_run(lossy)
+    for name in ("prompt", "seed", "target", "draft", "gamma", "max_new_tokens", "policy", "draft_policy"):
+        assert lossless[name] == lossy_run[name], name
+    # Coupled: the same uniforms, so every position before the divergence is the same decision on
+    # the same draft with the same coins; at the divergence the same coin, a different decision.
+    left, right = _columns(store, coupling.lossless_id), _columns(store, lossy)
+    d = coupling.divergence
+    assert left.iloc[:d][["kind", "token", "draft_token"]].equals(right.iloc[:d][["kind", "token", "draft_token"]])
+    assert left.iloc[:d + 1]["u_accept"].fillna(-1).tolist() == right.iloc[:d + 1]["u_accept"].fillna(-1).tolist()
+    assert (left.iloc[d]["kind"], left.iloc[d]["token"]) != (right.iloc[d]["kind"], right.iloc[d]["token"])
+    assert left.iloc[d]["draft_token"] == right.iloc[d]["draft_token"]
+    assert "u = " in coupling.why and "lossless" in coupling.why and LOSSY in coupling.why, coupling.why
+    # Linked as a group: the lossless run is the reference (though recorded after), the divergence stored.
+    members = store.group(coupling.group_id)
+    assert set(members["run_id"]) == {lossy, coupling.lossless_id}
+    assert references(members)[int(lossy_run["seed"])] == coupling.lossless_id
+    assert store.get_run(lossy)["divergence_position"] == d and store.get_run(coupling.lossless_id)["divergence_position"] is None
+    # The second click: found, linked already, nothing recorded or changed.
+    count = _run_count(store)
+    again = couple(store, lossy, target, "ngram:2")
+    assert not again.recorded and again.lossless_id == coupling.lossless_id and again.divergence == d
+    assert _run_count(store) == count and again.group_id == coupling.group_id
+    # And from the lossless side, with the same lossy rule: the same pair.
+    assert couple(store, coupling.lossless_id, None, None, LOSSY).lossy_id == lossy and _run_count(store) == count
+
+
+def test_a_stored_lossless_run_is_found_only_when_it_is_coupled(tmp_path: Path, target) -> None:
+    store = Store(tmp_path / "runs.duckdb")
+    other_seed, _ = record_run(store, target, "ngram:2", RunRequest(rule="lossless", seed=1, **BASE))
+    other_budget, _ = record_run(store, target, "ngram:2", RunRequest(rule="lossless", seed=0, **{**BASE, "max_new_tokens": 23}))
+    lossless, _ = record_run(store, target, "ngram:2", RunRequest(rule="lossless", seed=0, **BASE))
+    lossy = _lossy_run(store, target, 0)
+    plan = plan_coupling(store, lossy)
+    assert plan.partner_id == lossless  # not the other seed's, nor the other budget's (negative controls)
+    count = _run_count(store)
+    coupling = couple(store, lossy, target, "ngram:2")
+    assert not coupling.recorded and coupling.lossless_id == lossless and _run_count(store) == count
+    assert store.get_run(other_seed)["group_id"] is None and store.get_run(other_budget)["group_id"] is None
+    assert coupling.divergence == stored_divergence(store, lossless, lossy)
+
+
+def test_a_lossless_run_gets_the_lossy_rule_the_user_picks_and_bad_rules_are_one_line(tmp_path: Path, target) -> None:
+    store = Store(tmp_path / "runs.duckdb")
+    lossless, _ = record_run(store, target, "ngram:2", RunRequest(rule="lossless", seed=3, **BASE))
+    count = _run_count(store)
+    for rule, fragment in ((None, "type a lossy rule"), ("lossless", "lossless already"), ("lenience:7", "rule: "),
+                           ("nonsense", "rule: ")):
+        with pytest.raises(CouplingError) as error:
+            couple(store, lossless, target, "ngram:2", rule)
+        assert fragment in str(error.value) and "\n" not in str(error.value), str(error.value)
+    assert _run_count(store) == count and store.get_run(lossless)["group_id"] is None  # nothing stored or linked
+    first = couple(store, lossless, target, "ngram:2", "lenience:0.3")
+    second = couple(store, lossless, target, "ngram:2", "typical:0.1")
+    assert first.recorded and second.recorded and first.group_id == second.group_id
+    assert store.get_run(second.lossy_id)["rule"] == "typical:0.1"
+    assert references(store.group(first.group_id))[3] == lossless  # the lossless run stays the reference
+
+
+def test_runs_that_cannot_be_coupled_say_why_and_nothing_changes(tmp_path: Path, target) -> None:
+    store = Store(tmp_path / "runs.duckdb")
+    # A Compare group measured against a lossy reference: linking it elsewhere would break the group.
+    group_id, results, _ = run_group(store, target, "ngram:2", [RunRequest(rule=rule, seed=0, **BASE) for rule in (LOSSY, "lenience:0.5")])
+    count = _run_count(store)
+    for run_id, _ in results:
+        with pytest.raises(CouplingError) as error:
+            couple(store, run_id, target, "ngram:2")
+        assert "on Compare" in str(error.value) and "\n" not in str(error.value)
+    assert _run_count(store) == count and set(store.group(group_id)["run_id"]) == {run_id for run_id, _ in results}
+    with pytest.raises(CouplingError, match="no run 'nope'"):
+        plan_coupling(store, "nope")
+    lossy = _lossy_run(store, target, 5)
+    shared = Store(store.path, read_only=True)
+    with pytest.raises(CouplingError, match="read-only"):
+        plan_coupling(shared, lossy)
+    # Another target than the run's: refused before anything is recorded.
+    other = load_model(save_tiny_model(tmp_path / "other", seed=1, vocab=64))
+    count = _run_count(store)
+    with pytest.raises(CouplingError, match="load its own target"):
+        couple(store, lossy, other, "ngram:2")
+    assert _run_count(store) == count
+
+
+def test_a_stopped_partner_is_kept_interrupted_and_not_linked(tmp_path: Path, target) -> None:
+    store = Store(tmp_path / "runs.duckdb")
+    lossy = _lossy_run(store, target, 0)
+    with pytest.raises(CouplingError, match="stopped after"):
+        couple(store, lossy, target, "ngram:2", should_stop=lambda: True)
+    runs = store.list_runs()
+    assert sorted(runs["status"]) == ["complete", "interrupted"] and runs["group_id"].isna().all()
+    assert plan_coupling(store, lossy).partner_id is None  # an interrupted partner is not found: recorded whole next time
