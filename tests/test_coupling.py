@@ -137,3 +137,60 @@ def test_a_stopped_partner_is_kept_interrupted_and_not_linked(tmp_path: Path, ta
     runs = store.list_runs()
     assert sorted(runs["status"]) == ["complete", "interrupted"] and runs["group_id"].isna().all()
     assert plan_coupling(store, lossy).partner_id is None  # an interrupted partner is not found: recorded whole next time
+
+
+def _cli(capsys, *argv: str) -> tuple[int, list[dict], str]:
+    import json
+
+    from diagnostics.cli import main
+
+    try:
+        status = main(list(argv))
+    except SystemExit as exit_:
+        status = exit_.code
+    captured = capsys.readouterr()
+    return status, [json.loads(line) for line in captured.out.splitlines() if line.strip()], captured.err
+
+
+def test_cli_run_with_lossless_records_links_and_says_where_and_why(capsys, tmp_path: Path, target) -> None:
+    db = tmp_path / "runs.duckdb"
+    settings = ["--prompt", BASE["prompt"], "--target", target.name, "--draft", "ngram:2", "--gamma", "3", "--max-new-tokens", "24",
+                "--raw", "--seed", "0", "--db", str(db), "--no-progress"]
+    status, lines, err = _cli(capsys, "run", *settings, "--rule", LOSSY, "--with-lossless")
+    assert status == 0 and len(lines) == 1, err
+    line = lines[0]
+    store = Store(db)
+    lossless = store.get_run(line["lossless_run"])
+    assert lossless["rule"] == "lossless" and lossless["seed"] == 0 and not line["lossless_found"]
+    assert {store.get_run(line["run_id"])["group_id"], lossless["group_id"]} == {line["group_id"]}
+    # Seed 0 on this model: the lossy rule keeps a draft the lossless rule rejects (see the library test).
+    assert line["divergence_position"] == stored_divergence(store, line["lossless_run"], line["run_id"]) == 5
+    assert line["divergence_why"].startswith("lossless rejects the draft 'w61': u = 0.222 ≥ a = 0.184"), line["divergence_why"]
+    assert f"{LOSSY} keeps the draft 'w61': u = 0.222 < a = 0.614" in line["divergence_why"]
+    # Again with the same settings: a new lossy run, and the stored lossless run found, not recorded again.
+    status, lines, _ = _cli(capsys, "run", *settings, "--rule", LOSSY, "--with-lossless")
+    assert status == 0 and lines[0]["lossless_found"] and lines[0]["lossless_run"] == line["lossless_run"]
+    assert len(store.list_runs()) == 3 and lines[0]["group_id"] == line["group_id"]
+
+
+@pytest.mark.parametrize("extra, fragment", [
+    (["--rule", "lossless"], "pass a lossy --rule"),
+    (["--rule", "lenience:0.5", "--replay", "abc"], "--with-lossless and --replay exclude each other"),
+])
+def test_cli_with_lossless_refusals_are_one_line_and_store_nothing(capsys, tmp_path: Path, target, extra, fragment) -> None:
+    db = tmp_path / "runs.duckdb"
+    argv = ["run", "--target", target.name, "--draft", "ngram:2", "--db", str(db), "--no-progress", "--with-lossless", *extra]
+    if "--replay" not in extra:
+        argv += ["--prompt", BASE["prompt"]]
+    status, lines, err = _cli(capsys, *argv)
+    assert status == 2 and not lines and err.count("\n") == 1 and err.startswith("error: ") and fragment in err, err
+    assert not db.exists()  # refused before the database is opened
+
+
+def test_help_states_the_with_lossless_option(capsys) -> None:
+    from diagnostics.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--with-lossless" in text and "divergence_position" in text and "divergence_why" in text
