@@ -230,6 +230,28 @@ def couple(
                     why=why_they_part(store, lossless_id, lossy_id, divergence, decode))
 
 
+def divergence_partners(store: Store, run: dict[str, Any]) -> list[tuple[str, int | None]]:
+    """The runs ``run`` is compared with in its group, at its seed, and where each pair parts: its
+    seed's reference for a member, the members that leave it for a reference; ``[]`` ungrouped."""
+    group_id = run.get("group_id")
+    if not isinstance(group_id, str):
+        return []
+    members = store.group(group_id)
+    seed = int(run["seed"])
+    reference = references(members).get(seed)
+    if reference is None:
+        return []
+    if reference != run["run_id"]:
+        return [(reference, _divergence_of(run))]
+    return [(row["run_id"], _divergence_of(row)) for row in members.to_dict("records")
+            if int(row["seed"]) == seed and row["run_id"] != run["run_id"] and _divergence_of(row) is not None]
+
+
+def _divergence_of(row: dict[str, Any]) -> int | None:
+    value = _normal(row.get("divergence_position"))
+    return None if value is None else int(value)
+
+
 def stored_divergence(store: Store, reference_id: str, other_id: str) -> int | None:
     """First position where two stored coupled runs decide differently (kind or token), as
     ``runner.first_divergence`` reads two runs; the shorter length when one ends first; ``None`` if never."""
@@ -255,5 +277,5 @@ def why_they_part(store: Store, reference_id: str, other_id: str, divergence: in
     return divergence_reason(str(reference["rule"]), records[reference_id], str(other["rule"]), records[other_id], decode)
 
 
-__all__ = ["COUPLING_FIELDS", "Coupling", "CouplingError", "CouplingPlan", "LOSSLESS", "couple", "is_coupled", "is_lossless",
+__all__ = ["COUPLING_FIELDS", "Coupling", "CouplingError", "CouplingPlan", "LOSSLESS", "couple", "divergence_partners", "is_coupled", "is_lossless",
            "partner_rule", "plan_coupling", "stored_divergence", "why_they_part"]
