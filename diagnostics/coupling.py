@@ -137,7 +137,7 @@ def _plan_in_group(store: Store, run: dict[str, Any], request: RunRequest, group
     if found is not None:
         return CouplingPlan(run, request, found, group_id, run_is_lossless)
     reference = references(members).get(seed)
-    if run_is_lossless and reference == run["run_id"]:
+    if run_is_lossless and (reference == run["run_id"] or _identical_reference(members, reference, run, request)):
         if store.read_only:
             raise CouplingError(_READ_ONLY)
         return CouplingPlan(run, request, None, group_id, run_is_lossless)
@@ -145,6 +145,15 @@ def _plan_in_group(store: Store, run: dict[str, Any], request: RunRequest, group
     raise CouplingError(f"run {run['run_id']!r} is in group {group_id} measured against {reference_rule} "
                         f"(run {reference}); on Compare, launch lossless and {run['rule'] if not run_is_lossless else request.rule} "
                         "together to see where they part")
+
+
+def _identical_reference(members: Any, reference: str | None, run: dict[str, Any], request: RunRequest) -> bool:
+    """Whether a lossless ``run`` that is not its seed's reference never leaves it and is coupled with
+    it (a lossy run recorded first that never left its lossless run): a member measured against
+    either is measured against the same tokens."""
+    row = next((row for row in members.to_dict("records") if row["run_id"] == reference), None)
+    return (row is not None and _divergence_of(run) is None
+            and is_coupled(row, run, replace(request, rule=str(row["rule"]))))
 
 
 def _stored_partner(store: Store, run: dict[str, Any], request: RunRequest, run_is_lossless: bool) -> tuple[str | None, str | None]:

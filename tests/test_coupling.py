@@ -194,3 +194,16 @@ def test_help_states_the_with_lossless_option(capsys) -> None:
         main(["run", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "--with-lossless" in text and "divergence_position" in text and "divergence_why" in text
+
+
+def test_a_pair_that_never_parts_is_linked_and_its_lossless_run_still_takes_another_rule(tmp_path: Path, target) -> None:
+    store = Store(tmp_path / "runs.duckdb")
+    lossy = _lossy_run(store, target, 1)  # seed 1 on this model: lenience:0.3 never leaves the lossless run
+    coupling = couple(store, lossy, target, "ngram:2")
+    assert coupling.divergence is None and "never leaves" in coupling.why
+    assert plan_coupling(store, lossy).linked  # the second click finds the linked pair
+    # The lossy run, recorded first, is the group's reference; the lossless run is identical to it,
+    # so another rule run beside the lossless run joins the group measured against the same tokens.
+    beside = couple(store, coupling.lossless_id, target, "ngram:2", "lenience:0.05")
+    assert beside.group_id == coupling.group_id
+    assert beside.divergence == stored_divergence(store, lossy, beside.lossy_id)
