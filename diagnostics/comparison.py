@@ -140,11 +140,17 @@ def group_status(members: pd.DataFrame) -> str:
 
 
 def references(members: pd.DataFrame) -> dict[int, str]:
-    """Each seed's reference run id: its first member by creation (``members`` ordered by creation)."""
+    """Each seed's reference run id (``members`` ordered by creation): its first member with no stored
+    divergence, the run the others were measured against; else its first member (a file holding part
+    of a group). Creation order alone is not enough: a lossless run recorded beside an earlier lossy
+    one (``coupling.couple``) joins the group after it."""
     found: dict[int, str] = {}
+    first: dict[int, str] = {}
     for row in members.itertuples():
-        found.setdefault(int(row.seed), row.run_id)
-    return found
+        first.setdefault(int(row.seed), row.run_id)
+        if pd.isna(getattr(row, "divergence_position", None)):
+            found.setdefault(int(row.seed), row.run_id)
+    return {seed: found.get(seed, run_id) for seed, run_id in first.items()}
 
 
 def seed_references(members: pd.DataFrame) -> dict[int, str | None]:

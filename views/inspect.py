@@ -13,6 +13,7 @@ import re
 import streamlit as st
 
 from diagnostics.charts import law_figure, token_strip_html, tracks_figure, tree_candidates_figure, tree_round_figure
+from diagnostics.coupling import divergence_partners
 from diagnostics.divergence import SEVERE_OVERSHOOT, decision_line, jump_targets, tree_decision_line
 from diagnostics.inspection import position_view, target_spec, tree_node_view
 from views.common import (
@@ -27,6 +28,7 @@ from views.common import (
     run_laws,
     try_model,
 )
+from views import coupling_panel
 from views.strip import token_strip
 
 st.title("Inspect a run")
@@ -39,12 +41,16 @@ if runs.empty:
     st.stop()
 
 ids = runs["run_id"].tolist()
+coupling_panel.settle_stopped()
+coupling_panel.take_goto(ids)
 requested = st.query_params.get("run")
 if requested and requested not in ids:
     st.error(md("There is no run {run} in {path}. Pick one below.", run=requested, path=store.path))
     requested = None
 labels = {row.run_id: run_label(row) for row in runs.itertuples()}
-run_id = st.selectbox("Run", ids, index=ids.index(requested) if requested else 0, format_func=labels.get, key="inspect_run")
+# A keyed select box with a value ignores index=; giving one then only draws Streamlit's duplicate-value warning.
+index = ids.index(requested) if requested and "inspect_run" not in st.session_state else 0
+run_id = st.selectbox("Run", ids, index=index, format_func=labels.get, key="inspect_run")
 st.query_params["run"] = run_id
 run = store.get_run(run_id)
 positions = store.positions(run_id)
@@ -79,8 +85,10 @@ if "inspect_position" not in st.session_state or st.session_state.get("inspect_f
     if re.fullmatch(r"[0-9]{1,9}", wanted) and int(wanted) < count:
         st.session_state.inspect_position = int(wanted)
 
-divergence = run.get("divergence_position")
-divergence = int(divergence) if divergence is not None and divergence == divergence else None
+# Where this run and a coupled run of its group part: its own divergence from its reference, or for
+# a reference, the earliest member's.
+partners = divergence_partners(store, run)
+divergence = min((where for _, where in partners if where is not None), default=None)
 
 
 def _go(position: int) -> None:
@@ -90,12 +98,19 @@ def _go(position: int) -> None:
 centre = int(st.session_state.inspect_position)
 targets = jump_targets(records, centre, divergence)
 buttons = st.columns(5)
-for column, name in zip(buttons, ["previous rejection", "next rejection", "previous severe overshoot", "next severe overshoot",
-                                  "first divergence"]):
+for column, name in zip(buttons, ["previous rejection", "next rejection", "previous severe overshoot", "next severe overshoot"]):
     where = targets[name]
-    column.button(("← " if name.startswith("previous") else "→ " if name.startswith("next") else "⇥ ") + name, key=f"jump_{name}",  # literal-ok: names from the constant list
+    what = f"a severe overshoot (draft mass at q ≥ p/l of at least {SEVERE_OVERSHOOT})" if "severe" in name else "a rejection"
+    column.button(("← " if name.startswith("previous") else "→ ") + name, key=f"jump_{name}",  # literal-ok: names from the constant list
                   disabled=where is None, on_click=_go, args=(where or 0,), use_container_width=True,
-                  help=f"draft mass at q ≥ p/l of at least {SEVERE_OVERSHOOT}" if "severe" in name else None)
+                  help=(f"No {what} {'before' if name.startswith('previous') else 'after'} this position." if where is None  # literal-ok: constant phrases
+                        else f"Jump to {what} at position {int(where)}."))
+couple_now = coupling_panel.first_divergence_button(buttons[4], store, run, divergence, count, allowed, _go)
+beside_rule = coupling_panel.lossy_rule_picker(store, run, allowed) if coupling_panel.is_lossless_run(run) else None
+pending, pending_rule = coupling_panel.pending_for(run_id)
+if couple_now or beside_rule is not None or pending:
+    coupling_panel.run_coupling(store, run, beside_rule or pending_rule)
+coupling_panel.show_note()
 
 st.subheader("Tokens")
 # A long run shows a window around the selected position: the whole text is in the expander above.
@@ -135,6 +150,7 @@ if node_view is not None:
     st.caption(literal(tree_decision_line(run["rule"], kind, node_view.candidates, emitted)))
 else:
     st.caption(literal(decision_line(run["rule"], record, decode)))
+coupling_panel.why_here(store, run, partners, int(position), decode)
 left, right = st.columns([3, 1])
 with left:
     if node_view is not None:

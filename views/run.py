@@ -13,7 +13,8 @@ from diagnostics.models import ModelError, device_label
 from diagnostics.rules import RULES, RuleError, get_rule
 from diagnostics.runner import record_run
 from diagnostics.store import Store, StoreError
-from views.common import cached_model, headline_metrics, md, open_store, run_link, show_error
+from views.common import cached_model, headline_metrics, literal, md, open_store, run_link, show_error
+from views.coupling_panel import ask_to_couple, is_lossless_run, offer
 from views.run_form import RULE_HELP, request_widgets
 
 STOP_WAIT_S = 10
@@ -32,6 +33,24 @@ def remember_runs(store: Store) -> Store:
 
     store.start_run = start_and_remember
     return store
+
+
+def next_step(store: Store, run_id: str) -> None:
+    """After a run: the button that finds or records its coupled lossless run on Inspect and opens it
+    at the first divergence, with why (greyed only with the reason beside it)."""
+    run = store.get_run(run_id)
+    if run is None:
+        return
+    if is_lossless_run(run):
+        st.caption("A lossless run: on Inspect, type a lossy rule and run it beside this run to see where it leaves it.")
+        return
+    reason = offer(store, run)
+    if st.button("Where does it leave the lossless run?", key="run_couple", disabled=reason is not None,
+                 help=literal(reason or "Opens Inspect, runs (or finds, if stored) the lossless run with the same prompt, seed, "
+                                        "models, shape, policy and budget, and jumps to the first position where they part.")):
+        ask_to_couple(run_id)
+    if reason is not None:
+        st.caption(literal(reason))
 
 
 def show_stored_run(run_id: str) -> None:
@@ -56,6 +75,7 @@ def show_stored_run(run_id: str) -> None:
     if status == "failed" and run.get("error"):
         show_error(run["error"])
     st.markdown(run_link(f"Inspect run {run_id}", run_id))
+    next_step(store, run_id)
 
 
 st.title("Run")
@@ -112,6 +132,7 @@ if start and request is not None and rule_ok:
     # The same headline figures as Inspect: acceptance, block efficiency, modelled speed-up, distortion.
     headline_metrics(store.get_run(run_id), store.positions(run_id), target, key="run")
     st.markdown(run_link(f"Inspect run {run_id}", run_id))
+    next_step(store, run_id)
 elif st.session_state.get("last_run"):
     show_stored_run(st.session_state["last_run"])
 

@@ -16,14 +16,45 @@ def command_run(args: argparse.Namespace) -> int:
         return command_replay(args)
     if args.prompt is None:
         raise ValueError("pass --prompt TEXT, or --replay RUN_ID to record a stored run again")
+    if args.with_lossless:
+        check_with_lossless(args.rule)  # before any model or row
     store, target, draft, (request,) = prepare(args, [args.rule])
     progress = Progress(request.max_new_tokens, request.rule, progress_wanted(args))
     try:
         run_id, run = record_run(store, target, draft, request, on_record=progress)
     finally:
         progress.close()
-    print(run_json(run_id, run, str(store.path)), flush=True)
+    if not args.with_lossless:
+        print(run_json(run_id, run, str(store.path)), flush=True)
+        return 0
+    payload = json.loads(run_json(run_id, run, str(store.path)))
+    payload.update(with_lossless(store, run_id, target, draft, args))
+    print(json_line(payload), flush=True)
     return 0
+
+
+def check_with_lossless(rule: str) -> None:
+    """``--with-lossless`` needs a lossy ``--rule`` (one line otherwise, before any work)."""
+    from diagnostics.coupling import is_lossless
+
+    if is_lossless(rule):
+        raise ValueError("--with-lossless records the lossless run beside a lossy one; pass a lossy --rule, e.g. lenience:0.5")
+
+
+def with_lossless(store: Any, run_id: str, target: Any, draft: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """Find or record ``run_id``'s coupled lossless run (``coupling.couple``), link the two as a
+    group, and say where the lossy run first leaves it and why."""
+    from diagnostics.coupling import couple
+
+    tokenizer = target.tokenizer
+    decode = (lambda token: tokenizer.decode([int(token)])) if tokenizer is not None else None
+    progress = Progress(store.get_run(run_id)["max_new_tokens"], "lossless (coupled)", progress_wanted(args))
+    try:
+        coupling = couple(store, run_id, target, draft, on_record=progress, decode=decode)
+    finally:
+        progress.close()
+    return {"group_id": coupling.group_id, "lossless_run": coupling.lossless_id, "lossless_found": not coupling.recorded,
+            "divergence_position": coupling.divergence, "divergence_why": coupling.why}
 
 
 # Options that say how to generate: a replay takes them from the stored run, so typing one is a mistake.
@@ -52,6 +83,9 @@ def command_replay(args: argparse.Namespace) -> int:
 
     if args.prompt is not None:
         raise ValueError("--prompt and --replay exclude each other: a replay uses the stored run's own prompt")
+    if args.with_lossless:
+        raise ValueError("--with-lossless and --replay exclude each other: record the run with --prompt, or open the "
+                         "replayed run on Inspect and press '⇥ first divergence'")
     defaults = vars(_run_parser().parse_args(["run", "--replay", "placeholder"]))
     typed = [name for name in _REPLAYED_OPTIONS if getattr(args, name) != defaults[name]]
     if typed:
@@ -86,4 +120,10 @@ def add_parser(commands: Any) -> None:
     run = commands.add_parser("run", help="generate once with a verification rule and record every position")
     add_generation_options(run, replayable=True)
     run.add_argument("--rule", default="lossless", help=rule_help())
+    run.add_argument("--with-lossless", action="store_true",
+                     help="after a lossy --rule, find or record its coupled lossless run (same prompt, seed, target, draft, "
+                          "gamma or tree, policy and token budget: the same uniforms), link the two as a group, and add to "
+                          "the JSON group_id, lossless_run, lossless_found, divergence_position (first position where the "
+                          "lossy run leaves the lossless one; null if never) and divergence_why (the coin u against each "
+                          "rule's a(x) there)")
     run.set_defaults(handler=command_run)
