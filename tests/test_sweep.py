@@ -609,6 +609,10 @@ def test_the_page_and_the_cli_model_speed_ups_with_the_c_stored_with_the_sweep(p
     monkeypatch.setattr(views.common, "draft_cost_ratio", forbidden)
     db = tmp_path / "cost.duckdb"
     common = ["--target", tiny_folder3, "--db", str(db), "--no-progress"]
+    for bad in ("nan", "5000", "-1"):  # refused before anything is loaded or stored (a NaN passed the old `< 0` check)
+        assert main(["sweep", "--prompts", str(prompt_file), "--rule", "lenience:0.5", *common, "--cost", bad]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "--cost must be a number from 0 to 1000" in err and not db.exists()
     assert main(["sweep", "--prompts", str(prompt_file), "--rule", "lenience:0.5", "--rule", "cascade:0.3", "--seeds", "1",
                  "--draft", "early-exit:2", "--max-new-tokens", "6", "--raw", *common]) == 0
     first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

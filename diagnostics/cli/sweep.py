@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from diagnostics.cli.common import DEFAULT_EARLY_EXIT, add_generation_options, json_line, progress_wanted, request_of
+from diagnostics.evaluation.settings import MAX_STORED_COST
 
 
 def command_sweep(args: argparse.Namespace) -> int:
@@ -20,8 +21,8 @@ def command_sweep(args: argparse.Namespace) -> int:
     from diagnostics.models import load_model
     from diagnostics.store import Store
 
-    if args.cost is not None and args.cost < 0:
-        raise ValueError(f"--cost must be >= 0 (draft step / target step), got {args.cost}")
+    if args.cost is not None and not 0 <= args.cost <= MAX_STORED_COST:  # NaN fails too; refused before anything is stored
+        raise ValueError(f"--cost must be a number from 0 to {MAX_STORED_COST:g} (draft step / target step), got {args.cost}")
     if args.check_answers:
         from diagnostics.evaluation.answers import recheck_sweep
 
@@ -162,7 +163,8 @@ def add_parser(commands: Any) -> None:
                             "each output as code inside the bubblewrap sandbox")
     sweep.add_argument("--cost", type=float, default=None, metavar="C",
                        help="draft/target cost ratio c of one step for the modelled speed-up. Default: the c stored with the "
-                            "sweep, measured when it first ran (as the Sweeps page shows it); a new sweep stores the C given here")
+                            "sweep, measured when it first ran (as the Sweeps page shows it); a new sweep stores the C given here "
+                            f"(0 to {MAX_STORED_COST:g})")
     sweep.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                        help="run the units on Ray: alone, a local Ray started for the sweep; with ADDRESS (e.g. ray://head:10001 or "
                             "auto), an existing cluster whose nodes have the requirements installed. The driver alone writes --db")
