@@ -575,3 +575,97 @@ def test_sweep_page_launches_a_sweep_and_resumes_a_stopped_one(prompt_file: Path
     at.button(key="sw_resume").click().run()
     assert not at.exception, [e.value for e in at.exception]
     assert writer.get_sweep(stopped_id)["status"] == "complete" and len(writer.sweep_runs(stopped_id)) == 8
+
+
+def _speedups(rows: list[dict]) -> dict[str, str]:
+    """Each setting's modelled speed-up as the Sweeps page's table formats it (3 decimals)."""
+    return {row["label"]: f"{row['modelled speed-up'][0]:.3f}" for row in rows}
+
+
+def test_the_page_and_the_cli_model_speed_ups_with_the_c_stored_with_the_sweep(prompt_file: Path, tiny_folder3: str, tmp_path: Path,
+                                                                              monkeypatch, capsys) -> None:
+    """A sweep stores the c it measured before its first unit; the CLI prints its figures with it, a
+    resume prints the same c without measuring again, ``--cost`` overrides the printout only, and
+    the Sweeps page starts from the stored c (nothing measured, no model loaded) with the CLI's
+    speed-ups. A re-measured c is labelled as such and gives other speed-ups: the old page's
+    behaviour, the negative control. An older sweep stored without c gets one on resume."""
+    import duckdb
+    from app_support import open_page
+
+    import diagnostics.cost
+    import views.common
+    from diagnostics.cli import main
+
+    measured: list[object] = []
+
+    def fake_ratio(_target, drafter, _context, steps: int = 5) -> float:
+        measured.append(drafter)
+        return 0.42137  # stored rounded to 4 decimals
+
+    def forbidden(*_args, **_kwargs) -> float:
+        raise AssertionError("the page re-measured c")
+
+    monkeypatch.setattr(diagnostics.cost, "draft_cost_ratio", fake_ratio)
+    monkeypatch.setattr(views.common, "draft_cost_ratio", forbidden)
+    db = tmp_path / "cost.duckdb"
+    common = ["--target", tiny_folder3, "--db", str(db), "--no-progress"]
+    for bad in ("nan", "5000", "-1"):  # refused before anything is loaded or stored (a NaN passed the old `< 0` check)
+        assert main(["sweep", "--prompts", str(prompt_file), "--rule", "lenience:0.5", *common, "--cost", bad]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "--cost must be a number from 0 to 1000" in err and not db.exists()
+    assert main(["sweep", "--prompts", str(prompt_file), "--rule", "lenience:0.5", "--rule", "cascade:0.3", "--seeds", "1",
+                 "--draft", "early-exit:2", "--max-new-tokens", "6", "--raw", *common]) == 0
+    first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    sweep_id = first["sweep_id"]
+    assert first["cost_ratio"] == 0.4214 and first["cost_ratio_source"].startswith("stored with the sweep: measured")
+    assert len(measured) == 1 and measured[0] is not None  # the early exit was timed, once
+    assert Store(db).get_sweep(sweep_id)["settings"]["cost"] == {"ratio": 0.4214, "source": "measured"}
+
+    assert main(["sweep", "--resume", sweep_id, *common]) == 0
+    resumed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert resumed["cost_ratio"] == 0.4214 and _speedups(resumed["settings"]) == _speedups(first["settings"]) and len(measured) == 1
+    assert main(["sweep", "--resume", sweep_id, *common, "--cost", "0.9"]) == 0
+    overridden = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert overridden["cost_ratio"] == 0.9 and overridden["cost_ratio_source"] == "--cost of this command"
+    assert _speedups(overridden["settings"]) != _speedups(first["settings"])  # c matters to the figures compared here
+    assert Store(db).get_sweep(sweep_id)["settings"]["cost"]["ratio"] == 0.4214  # the stored c is kept
+
+    monkeypatch.setenv("SPECLAB_DB", str(db))
+    at = open_page("views/sweep.py", {"sweep": sweep_id})
+    assert at.number_input(key=f"sweep_cost_stored_{sweep_id}").value == 0.4214
+    table = at.dataframe[0].value
+    shown = {row["setting"]: row["modelled speed-up"].split(" ")[0] for row in table.to_dict("records")}
+    assert shown == _speedups(first["settings"])
+    assert not any("re-measured" in caption.value for caption in at.caption)
+
+    at.toggle(key="sweep_remeasure").set_value(True).run()  # the tiny target needs consent: c falls back to L/N = 2/3
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("c re-measured on this machine" in caption.value for caption in at.caption)
+    table = at.dataframe[0].value
+    assert {row["setting"]: row["modelled speed-up"].split(" ")[0] for row in table.to_dict("records")} != shown
+
+    with duckdb.connect(str(db)) as con:  # the sweep as an older version stored it: no c
+        settings = json.loads(con.execute("SELECT settings FROM sweeps").fetchone()[0])
+        settings.pop("cost")
+        con.execute("UPDATE sweeps SET settings = ?", [json.dumps(settings)])
+    at = open_page("views/sweep.py", {"sweep": sweep_id})
+    assert any("stored without its cost ratio" in caption.value for caption in at.caption)
+    assert main(["sweep", "--resume", sweep_id, *common]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["cost_ratio"] == 0.4214 and len(measured) == 2
+    assert Store(db).get_sweep(sweep_id)["settings"]["cost"] == {"ratio": 0.4214, "source": "measured"}
+
+
+def test_a_head_is_timed_as_a_head_and_an_ngram_costs_nothing(prompt_file: Path, tiny_target, monkeypatch) -> None:
+    """``measure_cost_ratio`` hands a loaded EAGLE-3/Medusa head to ``draft_cost_ratio``; the old
+    ``hasattr(draft, "model")`` test handed it ``None``, which makes c = 0 (negative control)."""
+    import diagnostics.cost
+    from diagnostics.evaluation.sweeper import measure_cost_ratio
+    from diagnostics.heads.layout import LoadedHead
+
+    timed: list[object] = []
+    monkeypatch.setattr(diagnostics.cost, "draft_cost_ratio", lambda _target, drafter, _context: timed.append(drafter) or 0.1)
+    head = LoadedHead(kind="medusa", module=object(), taps=(1,), name="tiny head")
+    settings = _settings(prompt_file, ["lenience:0.5"], seeds=1)
+    measure_cost_ratio(tiny_target, head, settings)
+    measure_cost_ratio(tiny_target, "ngram:3", settings)
+    assert timed == [head, None] and not hasattr(head, "model")

@@ -12,7 +12,7 @@ from diagnostics.evaluation.answers import needs_sandbox, recheck_sweep, require
 from diagnostics.evaluation.plan import unit_members
 from diagnostics.evaluation.prompts import PromptSetError, load_prompts
 from diagnostics.evaluation.sandbox import SandboxUnavailable
-from diagnostics.evaluation.settings import checkers_of
+from diagnostics.evaluation.settings import COST_SOURCES, checkers_of, stored_cost
 from diagnostics.evaluation.stats import summarise_sweep, sweep_table
 from diagnostics.evaluation.sweeper import (
     base_request,
@@ -26,6 +26,7 @@ from diagnostics.models import ModelError
 from diagnostics.rules import RuleError, split_specs
 from diagnostics.store import StoreError
 from views.common import (
+    MAX_COST_RATIO,
     Launch,
     cached_model,
     cost_ratio_input,
@@ -191,11 +192,38 @@ if sweep["status"] != "complete":
     if st.button("Resume", key="sw_resume", disabled=store.read_only, help="Loads the sweep's models and runs its missing units here"):
         run_on_page(settings, sweep_id)
 
+
+
+def sweep_cost_ratio(settings: dict, first_run: dict | None) -> float | None:
+    """The c of the modelled speed-ups: the one stored with the sweep (the CLI's ``sweep`` printed its
+    figures with the same, so both agree), editable. A c measured on this machine only when the
+    user asks for it, or for an older sweep stored without one; either is labelled re-measured."""
+    if first_run is None:
+        return None
+    stored = stored_cost(settings)
+    if stored is not None:
+        ratio, source = stored
+        stored_help = f"The stored c = {ratio:g} was {COST_SOURCES[source]}"  # a checked number and a constant
+        remeasure = st.toggle("Re-measure c on this machine", key="sweep_remeasure",  # literal-ok: stored_help
+                              help=f"{stored_help}; re-measuring loads the models here.")
+        if not remeasure:
+            # Keyed by sweep: another sweep's box would keep this one's value.
+            return st.number_input("draft/target cost c (stored with the sweep)",  # literal-ok: stored_help
+                                   0.0, max(MAX_COST_RATIO, ratio), ratio, 0.01, format="%.4f", key=f"sweep_cost_stored_{sweep_id}",
+                                   help=f"Time of one draft step over one target step. {stored_help}; the figures the CLI's sweep "
+                                        "printed use it. Type your hardware's ratio to model its speed-up.")
+        st.caption("c re-measured on this machine (or estimated where the models are not loaded): the speed-ups differ "
+                   "from those the sweep stored and the CLI printed.")
+    else:
+        st.caption("This sweep was stored without its cost ratio (an older version): c is re-measured on this machine (or "
+                   "estimated where the models are not loaded), so its speed-ups may differ from those the CLI printed.")
+    # Inspect's default: measured here when the models may be loaded, else L/N for an early exit.
+    return cost_ratio_input(first_run, target_if_allowed(first_run), "sweep_remeasured", st)
+
+
 linked = store.sweep_runs(sweep_id)
 first_run = store.get_run(linked["run_id"].iloc[0]) if not linked.empty else None
-# The same default as Inspect: measured on this machine when the models may be loaded, else L/N
-# for an early exit (the sweep's runs share their target and drafter).
-cost = cost_ratio_input(first_run, target_if_allowed(first_run), "sweep", st) if first_run is not None else None
+cost = sweep_cost_ratio(settings, first_run)
 rechecked = st.session_state.setdefault("sweep_rechecked", {})  # (file, sweep id) → scores of a re-check in this session
 checked_key = (str(store.path), sweep_id)
 

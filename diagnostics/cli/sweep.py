@@ -7,23 +7,22 @@ import sys
 from typing import Any
 
 from diagnostics.cli.common import DEFAULT_EARLY_EXIT, add_generation_options, json_line, progress_wanted, request_of
+from diagnostics.evaluation.settings import MAX_STORED_COST
 
 
 def command_sweep(args: argparse.Namespace) -> int:
     """``sweep``: run (or resume) a sweep, then print its per-setting figures with intervals as JSON
     and one verdict line per rule on stderr."""
-    from diagnostics.cost import draft_cost_ratio
     from diagnostics.evaluation.prompts import load_prompts
     from diagnostics.evaluation.answers import require_sandbox_for
     from diagnostics.evaluation.settings import checkers_of
     from diagnostics.evaluation.sweeper import base_request, expand_rules, plan_units, run_sweep, settings_of
     from diagnostics.drafts import load_draft
     from diagnostics.models import load_model
-    from diagnostics.runner import encode_prompt
     from diagnostics.store import Store
 
-    if args.cost is not None and args.cost < 0:
-        raise ValueError(f"--cost must be >= 0 (draft step / target step), got {args.cost}")
+    if args.cost is not None and not 0 <= args.cost <= MAX_STORED_COST:  # NaN fails too; refused before anything is stored
+        raise ValueError(f"--cost must be a number from 0 to {MAX_STORED_COST:g} (draft step / target step), got {args.cost}")
     if args.check_answers:
         from diagnostics.evaluation.answers import recheck_sweep
 
@@ -32,7 +31,7 @@ def command_sweep(args: argparse.Namespace) -> int:
         store = Store(args.db)
         scores = recheck_sweep(store, args.check_answers, save=True)
         print(f"sweep {args.check_answers}: {len(scores)} runs checked, {sum(scores.values()):g} passed", file=sys.stderr)
-        return _print_sweep(store, args.check_answers, args.cost if args.cost is not None else 0.0)
+        return _print_sweep(store, args.check_answers, args.cost)
     if args.resume:
         if args.prompts or args.rule or args.limit:
             raise ValueError("--resume takes the sweep's own prompts and rules; drop --prompts, --limit and --rule")
@@ -89,13 +88,13 @@ def command_sweep(args: argparse.Namespace) -> int:
         options = {"dtype": args.dtype, "device": args.device, "trust_remote_code": args.trust_remote_code,
                    "threads": args.threads}
         try:
-            sweep_id, measured = run_sweep_on_ray(store, settings, options, address=None if args.ray == "local" else args.ray,
-                                                  workers=args.workers, sweep_id=sweep_id, on_unit=on_unit, on_open=on_open,
-                                                  measure_cost=args.cost is None)
+            sweep_id, _stored = run_sweep_on_ray(store, settings, options, address=None if args.ray == "local" else args.ray,
+                                                 workers=args.workers, sweep_id=sweep_id, on_unit=on_unit, on_open=on_open,
+                                                 cost=args.cost)
         except KeyboardInterrupt:
             _sweep_interrupted(opened)
             return 130
-        return _print_sweep(store, sweep_id, args.cost if args.cost is not None else measured or 0.0)
+        return _print_sweep(store, sweep_id, args.cost)
     if args.threads is not None:
         import torch
 
@@ -105,15 +104,11 @@ def command_sweep(args: argparse.Namespace) -> int:
     draft = load_draft(base.draft, target, dtype=args.dtype, trust_remote_code=args.trust_remote_code)
     try:
         sweep_id = run_sweep(store, target, draft, settings, sweep_id=sweep_id, on_unit=on_unit, on_open=on_open,
-                             batch_size=args.batch_size)
+                             batch_size=args.batch_size, cost=args.cost)
     except KeyboardInterrupt:
         _sweep_interrupted(opened)
         return 130
-    cost = args.cost
-    if cost is None:
-        drafter = draft if hasattr(draft, "model") else None
-        cost = draft_cost_ratio(target, drafter, encode_prompt(target, settings["prompts"][0]["prompt"], base.raw))
-    return _print_sweep(store, sweep_id, cost)
+    return _print_sweep(store, sweep_id, args.cost)
 
 
 def _sweep_interrupted(opened: list[str]) -> None:
@@ -121,14 +116,30 @@ def _sweep_interrupted(opened: list[str]) -> None:
     print(f"\ninterrupted: the finished units are kept and the sweep is marked 'interrupted'{resume}", file=sys.stderr)
 
 
-def _print_sweep(store, sweep_id: str, cost: float) -> int:
-    """The sweep's per-setting figures with intervals as JSON on stdout, one verdict per rule on stderr."""
+def sweep_cost(settings: dict, given: float | None) -> tuple[float, str]:
+    """The cost ratio ``c`` the figures use and where it comes from: ``--cost`` when given, else the
+    one stored with the sweep (what the Sweeps page starts from, so both show the same speed-ups),
+    else 0 for a sweep of an older version that has none."""
+    from diagnostics.evaluation.settings import COST_SOURCES, stored_cost
+
+    if given is not None:
+        return given, "--cost of this command"
+    stored = stored_cost(settings)
+    if stored is None:
+        return 0.0, "none stored with this older sweep: 0 (pass --cost)"
+    return stored[0], f"stored with the sweep: {COST_SOURCES[stored[1]]}"
+
+
+def _print_sweep(store, sweep_id: str, given: float | None) -> int:
+    """The sweep's per-setting figures with intervals as JSON on stdout (at ``sweep_cost``'s c), one
+    verdict per rule on stderr."""
     from diagnostics.evaluation.stats import as_rows, summarise_sweep, sweep_table
 
-    summaries = summarise_sweep(sweep_table(store, sweep_id, cost))
     sweep = store.get_sweep(sweep_id)
+    cost, source = sweep_cost(sweep["settings"], given)
+    summaries = summarise_sweep(sweep_table(store, sweep_id, cost))
     print(json_line({"sweep_id": sweep_id, "status": sweep["status"], "units": sweep["units"], "units_done": sweep["units_done"],
-                      "cost_ratio": round(cost, 4), "db": str(store.path), "settings": as_rows(summaries)}))
+                      "cost_ratio": cost, "cost_ratio_source": source, "db": str(store.path), "settings": as_rows(summaries)}))
     for summary in summaries:
         if summary.role == "rule":
             print(summary.verdict(), file=sys.stderr)
@@ -151,7 +162,9 @@ def add_parser(commands: Any) -> None:
                             "scores its units as they finish; this is for sweeps of older versions). A HumanEval checker runs "
                             "each output as code inside the bubblewrap sandbox")
     sweep.add_argument("--cost", type=float, default=None, metavar="C",
-                       help="draft/target cost ratio c of one step for the modelled speed-up (default: measured here)")
+                       help="draft/target cost ratio c of one step for the modelled speed-up. Default: the c stored with the "
+                            "sweep, measured when it first ran (as the Sweeps page shows it); a new sweep stores the C given here "
+                            f"(0 to {MAX_STORED_COST:g})")
     sweep.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                        help="run the units on Ray: alone, a local Ray started for the sweep; with ADDRESS (e.g. ray://head:10001 or "
                             "auto), an existing cluster whose nodes have the requirements installed. The driver alone writes --db")

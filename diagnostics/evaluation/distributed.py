@@ -25,6 +25,7 @@ from diagnostics.engine import EngineError, Run
 from diagnostics.evaluation.plan import Unit
 from diagnostics.evaluation.sweeper import (
     SweepPlan,
+    ensure_cost,
     link_unit,
     open_sweep,
     sweep_status,
@@ -63,7 +64,7 @@ class UnitWorker:
         """The draft/target cost of one step (``cost.draft_cost_ratio``), measured on this worker."""
         from diagnostics.cost import draft_cost_ratio
 
-        drafter = self.draft if hasattr(self.draft, "model") else None
+        drafter = None if self.draft is None or isinstance(self.draft, str) else self.draft  # a head too, not only a model
         return draft_cost_ratio(self.target, drafter, checked_prompt_ids(self.target, request))
 
     def run_unit(self, unit_index: int, requests: list[RunRequest]) -> tuple[str, list[tuple[list[int], Run]]]:
@@ -118,15 +119,15 @@ def run_sweep_on_ray(
     sweep_id: str | None = None,
     should_stop: Callable[[], bool] | None = None,
     on_unit: Callable[[int, int, Unit], None] | None = None,
-    measure_cost: bool = False,
+    cost: float | None = None,
     on_open: Callable[[SweepPlan], None] | None = None,
-) -> tuple[str, float | None]:
-    """Run the sweep's missing units on Ray; return its id and, with ``measure_cost``, the draft/target
-    cost ratio measured on a worker (the driver may have no accelerator, nor room for the models). ``address=None`` starts a local Ray
+) -> tuple[str, float]:
+    """Run the sweep's missing units on Ray; return its id and its stored draft/target cost ratio: a
+    sweep without one gets ``cost``, else the one measured on a worker (the driver may have no
+    accelerator, nor room for the models), stored before any unit runs. ``address=None`` starts a local Ray
     (stopped at the end); otherwise the sweep joins that cluster, whose nodes must have this package
     installed. ``workers``: actors to start (default: one per GPU, else one per CPU, one thread
     each). ``options``: ``dtype``, ``device``, ``trust_remote_code`` for loading the models."""
-    cost = None
     ray = import_ray()
     plan = open_sweep(store, settings, sweep_id, on_open)
     started_here = not ray.is_initialized()
@@ -153,8 +154,8 @@ def run_sweep_on_ray(
             idle = [new_actor() for _ in range(max(1, min(count, len(plan.todo))))]
             for actor in idle:
                 _check_loaded(ray, actor)
-            if measure_cost:
-                cost = ray.get(idle[0].cost_ratio.remote(plan.members(plan.units[0])[0].request))
+            first = plan.members(plan.units[0])[0].request
+            cost, _source = ensure_cost(store, plan, settings, lambda: ray.get(idle[0].cost_ratio.remote(first)), cost)
             _drive(ray, store, plan, idle, actors, new_actor, should_stop, on_unit)
     finally:
         for actor in [*actors.values()]:

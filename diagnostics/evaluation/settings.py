@@ -3,7 +3,9 @@ once when a shared file is opened.
 
 ``settings`` is a JSON object: ``prompts`` (``[{"id", "prompt", "checker"}]``), ``rules`` (rule
 specs, ranges expanded), ``seeds``, ``request`` (the generation settings every run shares:
-``SHARED_FIELDS``, ``policy``, ``draft_policy``), ``prompt_file`` and ``target``. A shared file's
+``SHARED_FIELDS``, ``policy``, ``draft_policy``), ``prompt_file``, ``target`` and, once the models
+are loaded, ``cost``: the draft/target cost ratio ``{"ratio": c, "source": …}`` the sweep's
+modelled speed-ups use everywhere (CLI, page, report), so they agree. A shared file's
 settings are untrusted: ``check_settings`` says in one phrase what a page, a report or a resume
 could not use (wrong types, unknown keys, a checker without its fields, a HumanEval task that
 does not exist, a regex RE2 refuses, a rule or drafter that does not parse), and nothing else
@@ -24,7 +26,11 @@ from diagnostics.request import RunRequest, check_prompt_text
 SHARED_FIELDS = ("draft", "gamma", "max_new_tokens", "raw", "top_k_record", "tree", "tree_children", "tree_budget", "tree_depth", "draft_stop")
 MAX_SEEDS = 100_000
 MAX_UNITS = 10_000_000
-SETTINGS_KEYS = {"prompt_file", "prompts", "rules", "seeds", "request", "target"}
+SETTINGS_KEYS = {"prompt_file", "prompts", "rules", "seeds", "request", "target", "cost"}
+MAX_STORED_COST = 1000.0  # a stored c above this is no timing of a draft step but a broken file
+COST_DIGITS = 4  # c is stored (and printed, and used) rounded to this many decimals, so every reader gets the same speed-ups
+# Where a stored c came from, as the CLI's JSON and the Sweeps page say it.
+COST_SOURCES = {"measured": "measured on the machine that ran the sweep", "given": "given with --cost when the sweep ran"}
 
 
 class SweepSettingsError(ValueError):
@@ -61,15 +67,29 @@ def checkers_of(settings: dict[str, Any]) -> dict[str, dict[str, Any] | None]:
     return {item["id"]: item.get("checker") for item in settings["prompts"]}
 
 
+def with_cost(settings: dict[str, Any], ratio: float, source: str) -> dict[str, Any]:
+    """``settings`` with the sweep's cost ratio ``c`` (rounded to ``COST_DIGITS``) and its source."""
+    if source not in COST_SOURCES:
+        raise ValueError(f"a cost ratio's source is one of {sorted(COST_SOURCES)}, got {source!r}")
+    return {**settings, "cost": {"ratio": round(float(ratio), COST_DIGITS), "source": source}}
+
+
+def stored_cost(settings: dict[str, Any]) -> tuple[float, str] | None:
+    """The sweep's stored ``(c, source)``, or ``None`` for a sweep stored without one (older versions)."""
+    cost = settings.get("cost")
+    return None if cost is None else (float(cost["ratio"]), str(cost["source"]))
+
+
 def parse_settings(text: str | None) -> dict[str, Any]:
-    """Stored settings (JSON text) parsed and checked (``check_settings``); ``SweepSettingsError``
-    otherwise, with one phrase completing "the settings of sweep S …"."""
-    import json
+    """Stored settings (JSON text) parsed within bounds (``untrusted_json``: a shared file's are
+    untrusted) and checked (``check_settings``); ``SweepSettingsError`` otherwise, with one phrase
+    completing "the settings of sweep S …"."""
+    from diagnostics.untrusted_json import loads
 
     try:
-        value = json.loads(text) if text is not None else None
-    except ValueError:
-        raise SweepSettingsError("are not JSON") from None
+        value = loads(text, "settings") if text is not None else None
+    except ValueError as error:
+        raise SweepSettingsError(f"are not JSON this tool accepts ({str(error)[:160]})") from None
     return check_settings(value)
 
 
@@ -114,6 +134,7 @@ def check_settings(value: Any) -> dict[str, Any]:
         raise SweepSettingsError(f"have seeds {_shown(seeds)}, not a whole number from 1 to {MAX_SEEDS:,}")
     if len(prompts) * seeds > MAX_UNITS:
         raise SweepSettingsError(f"plan more than {MAX_UNITS:,} units")
+    _check_cost(value.get("cost"))
     rules = value.get("rules")
     if not isinstance(rules, list) or not rules or not all(isinstance(rule, str) for rule in rules):
         raise SweepSettingsError("have no rules (\"rules\" must be a non-empty list of rule specs)")
@@ -129,6 +150,17 @@ def check_settings(value: Any) -> dict[str, Any]:
     except (ValueError, TypeError, AttributeError) as error:
         raise SweepSettingsError(f"cannot be run: {str(error).splitlines()[0][:120] if str(error) else error.__class__.__name__}") from None
     return value
+
+
+def _check_cost(cost: Any) -> None:
+    """A stored cost ratio: absent, or ``{"ratio": finite number in [0, MAX_STORED_COST], "source": one of COST_SOURCES}``."""
+    if cost is None:
+        return
+    if not isinstance(cost, dict) or set(cost) != {"ratio", "source"} or cost["source"] not in COST_SOURCES:
+        raise SweepSettingsError(f"have a cost that is not {{\"ratio\": c, \"source\": {' or '.join(map(repr, COST_SOURCES))}}}")
+    ratio = cost["ratio"]
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio <= MAX_STORED_COST:
+        raise SweepSettingsError(f"have a cost ratio {_shown(ratio)}, not a number from 0 to {MAX_STORED_COST:g}")
 
 
 def _kind(value: Any) -> str:

@@ -18,7 +18,7 @@ from diagnostics.comparison import divergences
 from diagnostics.engine import EngineError, PositionRecord
 from diagnostics.evaluation.answers import require_sandbox_for, scores_of
 from diagnostics.evaluation.plan import Member, Unit, expand_rule, unit_members
-from diagnostics.evaluation.settings import SHARED_FIELDS, base_request, checkers_of, plan_units, settings_of
+from diagnostics.evaluation.settings import SHARED_FIELDS, base_request, checkers_of, plan_units, settings_of, stored_cost
 from diagnostics.request import RunRequest
 from diagnostics.runner import record_batch
 from diagnostics.store import Store
@@ -80,7 +80,8 @@ def open_sweep(store: Store, settings: dict[str, Any], sweep_id: str | None,
     checkers = checkers_of(settings)
     require_sandbox_for(checkers)
     if sweep_id is None:
-        sweep_id = store.start_sweep(settings, len(planned))
+        # A new sweep times its own pair on its own machine: a c copied with another sweep's settings is dropped.
+        sweep_id = store.start_sweep({key: value for key, value in settings.items() if key != "cost"}, len(planned))
     plan = SweepPlan(sweep_id, planned, base, list(settings["rules"]), set(), checkers)
     plan.finished = done_units(store, sweep_id, len(plan.members(planned[0])))
     for unit in plan.todo:
@@ -126,6 +127,33 @@ def sweep_status(store: Store, plan: SweepPlan) -> Iterator[None]:
         store.set_sweep_status(plan.sweep_id, "interrupted", units_done=len(plan.finished), error="stopped by the user")
 
 
+def measure_cost_ratio(target: Any, draft: Any, settings: dict[str, Any]) -> float:
+    """The draft/target cost ratio ``c`` of one step (``cost.draft_cost_ratio``) for the sweep's
+    pair at its first prompt. ``draft``: loaded, or a spec (loaded here); a head is timed as a
+    head (a ``LoadedHead`` has no ``.model``: timing only ``.model`` gave heads c = 0)."""
+    from diagnostics.cost import draft_cost_ratio
+    from diagnostics.drafts import load_draft
+    from diagnostics.runner import encode_prompt
+
+    if isinstance(draft, str):
+        draft = load_draft(draft, target)
+    drafter = None if draft is None or isinstance(draft, str) else draft  # None or an n-gram spec: no forward
+    base = base_request(settings)
+    return draft_cost_ratio(target, drafter, encode_prompt(target, settings["prompts"][0]["prompt"], base.raw))
+
+
+def ensure_cost(store: Store, plan: SweepPlan, settings: dict[str, Any], measure: Callable[[], float],
+                given: float | None = None) -> tuple[float, str]:
+    """The sweep's stored ``(c, source)``; a sweep without one (new, or of an older version) gets
+    ``given`` (``--cost``) or ``measure()`` stored first, before any unit runs, so an interrupted
+    sweep has it too."""
+    known = stored_cost(store.get_sweep(plan.sweep_id)["settings"])
+    if known is not None:
+        return known
+    ratio, source = (given, "given") if given is not None else (measure(), "measured")
+    return stored_cost(store.set_sweep_cost(plan.sweep_id, ratio, source))
+
+
 DEFAULT_BATCH_SIZE = 32  # rows per forward for an in-process sweep (``bench --only batch``: the curve)
 
 
@@ -141,6 +169,7 @@ def run_sweep(
     on_open: Callable[[SweepPlan], None] | None = None,
     on_record_for: Callable[[Unit, Member], Callable[[PositionRecord], None] | None] | None = None,
     batch_size: int | None = None,
+    cost: float | None = None,
 ) -> str:
     """Run every unit not yet done (all of them for a new sweep) in this process and return the
     sweep id. Every member of every unit is a row of one continuous batch of ``batch_size`` rows
@@ -148,9 +177,11 @@ def run_sweep(
     A unit is linked when its last member ends. A stop or an interruption leaves the sweep
     ``interrupted`` with the units done so far; ``--resume`` goes on. ``on_open(plan)`` is told the
     sweep's id before the first unit runs; ``on_record_for(unit, member)`` may return a callback
-    for each record of that member's run."""
+    for each record of that member's run. A sweep without a stored cost ratio gets ``cost`` or the
+    one measured here (``ensure_cost``)."""
     plan = open_sweep(store, settings, sweep_id, on_open)
     with sweep_status(store, plan):
+        ensure_cost(store, plan, settings, lambda: measure_cost_ratio(target, draft, settings), cost)
         rows = [(unit, index, member) for unit in plan.todo for index, member in enumerate(plan.members(unit))]
         if not rows:
             return plan.sweep_id
@@ -180,5 +211,5 @@ def run_sweep(
     return plan.sweep_id
 
 
-__all__ = ["DEFAULT_BATCH_SIZE", "SHARED_FIELDS", "SweepPlan", "base_request", "done_units", "expand_rules", "link_unit", "open_sweep", "plan_units",
-           "run_sweep", "settings_of", "sweep_status", "unit_finished", "unit_group_id"]
+__all__ = ["DEFAULT_BATCH_SIZE", "SHARED_FIELDS", "SweepPlan", "base_request", "done_units", "ensure_cost", "expand_rules", "link_unit",
+           "measure_cost_ratio", "open_sweep", "plan_units", "run_sweep", "settings_of", "sweep_status", "unit_finished", "unit_group_id"]

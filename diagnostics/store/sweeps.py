@@ -49,6 +49,20 @@ class SweepTables:
         with self.connect() as con:
             con.execute(f"UPDATE sweeps SET {assignments} WHERE sweep_id = ?", [*values.values(), sweep_id])
 
+    def set_sweep_cost(self, sweep_id: str, ratio: float, source: str) -> dict[str, Any]:
+        """Store the sweep's draft/target cost ratio ``c`` in its settings (``settings.with_cost``);
+        returns the settings as stored. Every reader of the sweep then models speed-ups with it."""
+        from diagnostics.evaluation.settings import check_settings, with_cost
+
+        self._writable()
+        sweep = self.get_sweep(sweep_id)
+        if sweep is None:
+            raise StoreError(f"there is no sweep {str(sweep_id)[:60]} in {self.path}")
+        settings = check_settings(with_cost(sweep["settings"], ratio, source))
+        with self.connect() as con:
+            con.execute("UPDATE sweeps SET settings = ? WHERE sweep_id = ?", [json.dumps(settings, sort_keys=True), sweep_id])
+        return settings
+
     def add_sweep_runs(self, rows: list[dict[str, Any]]) -> None:
         """Link runs to their sweep: unit, prompt id, seed, role, label, the rule a baseline is for, and
         the checker's score of the run's output (``None``: no checker, or the run did not finish)."""
