@@ -144,15 +144,30 @@ def audit_section(audit: dict[str, Any], index: int) -> str:
 </section>"""
 
 
-def sweep_section(store: Store, sweep_id: str, index: int, cost: float = 0.5) -> str:
-    """One stored sweep: its settings, the Pareto chart, every setting's figures with intervals, the verdicts."""
+DEFAULT_SWEEP_COST = 0.5  # for a sweep stored without its cost ratio (older versions) and no --cost
+
+
+def sweep_section(store: Store, sweep_id: str, index: int, cost: float | None = None) -> str:
+    """One stored sweep: its settings, the Pareto chart, every setting's figures with intervals, the
+    verdicts; the modelled speed-ups at ``cost``, else at the cost ratio stored with the sweep (so
+    the report, the Sweeps page and the CLI agree), else at ``DEFAULT_SWEEP_COST``."""
     from diagnostics.charts import pareto_figure
+    from diagnostics.evaluation.settings import stored_cost
     from diagnostics.evaluation.stats import summarise_sweep, sweep_table
 
     sweep = store.get_sweep(sweep_id)
     if sweep is None:
         raise StoreError(f"there is no sweep {sweep_id!r} in {store.path}")
     settings = sweep["settings"]
+    stored = stored_cost(settings)
+    if cost is not None:
+        cost_note = f"cost ratio c = {cost:g} (given) for the modelled speed-up"
+    elif stored is not None:
+        cost, source = stored
+        cost_note = f"cost ratio c = {cost:g} ({_text(source)}, stored with the sweep) for the modelled speed-up"
+    else:
+        cost = DEFAULT_SWEEP_COST
+        cost_note = f"cost ratio c = {cost:g} (assumed: the sweep stored none) for the modelled speed-up"
     summaries = summarise_sweep(sweep_table(store, sweep_id, cost))
     chart = (pio.to_html(pareto_figure(summaries), include_plotlyjs=False, full_html=False, div_id=f"sweep-{index}")
              if summaries else "<p>No unit has finished.</p>")
@@ -169,7 +184,7 @@ def sweep_section(store: Store, sweep_id: str, index: int, cost: float = 0.5) ->
 <section class="run">
   <h2>Sweep {_text(sweep_id)} <small>{_text(sweep['status'])} · {_number(sweep['units_done'])} of {_number(sweep['units'])} units</small></h2>
   <p class="meta">prompts {_text(settings.get('prompt_file'))} ({len(settings.get('prompts', []))}) · rules {_text(', '.join(settings.get('rules', [])))} ·
-     {_number(settings.get('seeds'))} seeds · draft {_text(settings.get('request', {}).get('draft'))} · cost ratio c = {cost:g} for the modelled speed-up ·
+     {_number(settings.get('seeds'))} seeds · draft {_text(settings.get('request', {}).get('draft'))} · {cost_note} ·
      95% intervals: bootstrap over prompts, then seeds</p>
   {chart}
   {_table(rows)}
@@ -275,7 +290,7 @@ def _tree_or_chain_step(store: Store, run: dict[str, Any], record: dict[str, Any
 
 
 def build_report(store: Store, run_ids: list[str], audit_ids: list[str] | None = None, sweep_ids: list[str] | None = None,
-                 cost: float = 0.5) -> str:
+                 cost: float | None = None) -> str:
     """HTML text of the report for ``run_ids`` (one run, or a coupled group in order), with the
     stored audits of those runs, the audits ``audit_ids`` and the sweeps ``sweep_ids`` (their
     figures at draft/target cost ratio ``cost``). Every member of a compared group one of the

@@ -530,6 +530,13 @@ def test_a_sweep_goes_into_the_report(prompt_file: Path, tiny_target, tmp_path: 
     text = output.read_text(encoding="utf-8")
     assert f"Sweep {sweep_id}" in text and "cost ratio c = 0.25" in text and "cascade:0.3: distortion" in text
     assert "<img src=x" not in text and "&lt;img src=x onerror=alert(1)&gt;.jsonl" in text and "baseline of cascade:0.3" in text
+    # Without --cost: the cost ratio stored with the sweep, as the CLI and the Sweeps page use it.
+    from diagnostics.evaluation.settings import stored_cost
+
+    stored = stored_cost(store.get_sweep(sweep_id)["settings"])
+    assert stored is not None
+    assert main(["report", "--sweep", sweep_id, "--db", str(store.path), "-o", str(output)]) == 0
+    assert f"cost ratio c = {stored[0]:g} (" in output.read_text(encoding="utf-8") and "stored with the sweep" in output.read_text(encoding="utf-8")
     assert main(["report", "--sweep", "nope", "--db", str(store.path), "-o", str(output)]) == 2
     assert "there is no sweep 'nope'" in capsys.readouterr().err
 

@@ -50,7 +50,8 @@ def default_target() -> str:
     return os.environ.get("SPECLAB_TARGET", "default")
 
 
-@st.cache_resource(show_spinner="Loading the model (about 10 s for the embedded one, once per server)…")
+@st.cache_resource(show_spinner="Loading the model (the embedded one: 30–45 s the first time, while it is unpacked into "
+                                 "data/models/, then about 5 s; longer on a busy machine; once per server)…")
 def cached_model(spec: str, _local_only: bool = False) -> LoadedModel:
     """One loaded copy of each model per server, whichever page asked first (``_local_only`` is not
     part of the key: the Run page's network-allowed load and Inspect's local one share the copy)."""

@@ -23,8 +23,8 @@ def command_report(args: argparse.Namespace) -> int:
         raise ValueError(f"the folder {output.parent} does not exist; create it, or give -o a path in an existing folder")
     store = Store(args.db, read_only=True)
     completion = complete_groups(store, args.run_ids)  # build_report does the same: a group is reported whole
-    if args.cost < 0:
-        raise ValueError(f"--cost must be >= 0 (draft step / target step), got {args.cost}")
+    if args.cost is not None and not 0 <= args.cost <= 1000:
+        raise ValueError(f"--cost must be a number from 0 to 1000 (draft step / target step), got {args.cost}")
     # Built before the file is opened: no half-written report.
     text = build_report(store, args.run_ids, args.audit, args.sweep, cost=args.cost)
     try:
@@ -51,8 +51,9 @@ def add_parser(commands: Any) -> None:
     report.add_argument("--audit", action="append", default=[], metavar="AUDIT_ID", help="a stored audit to include (repeatable)")
     report.add_argument("--sweep", action="append", default=[], metavar="SWEEP_ID",
                         help="a stored sweep to include: its Pareto chart, figures with intervals and verdicts (repeatable)")
-    report.add_argument("--cost", type=float, default=0.5, metavar="C",
-                        help="draft/target cost ratio of one step for the sweeps' modelled speed-up")
+    report.add_argument("--cost", type=float, default=None, metavar="C",
+                        help="draft/target cost ratio of one step for the sweeps' modelled speed-up "
+                             "(default: the one stored with each sweep, as the CLI and the Sweeps page use; 0.5 for a sweep stored without one)")
     report.add_argument("--db", default=None, help="DuckDB file (default $SPECLAB_DB or data/runs.duckdb); "
                                                    "the report names it by its base name only")
     report.add_argument("-o", "--output", required=True, help="the HTML file to write")
