@@ -43,7 +43,7 @@ def add_parser(commands: Any) -> None:
                     f"{MAX_MEDUSA_LAYERS} residual blocks; EAGLE-3 intermediate_size at most {MAX_INTERMEDIATE_FACTOR} x "
                     f"hidden_size; widths and vocabularies the target's; config.json at most {MAX_CONFIG_BYTES >> 20} MiB; "
                     f"at most {MAX_HEAD_BYTES >> 30} GiB of float32 parameters (and no more than the memory available); "
-                    f"weights in safetensors only, at most {MAX_TENSORS:,} tensors (a published pickled .pt/.bin is read by torch's weights-only unpickler, which runs no code).")
+                    f"weights in safetensors (or a published pickled .pt/.bin, read by torch's weights-only unpickler, which runs no code), at most {MAX_TENSORS:,} tensors.")
     make.add_argument("kind", choices=["eagle3", "medusa"], help="eagle3 (one decoder layer on three tapped states) or medusa (residual heads)")
     make.add_argument("--target", default="default", help="the target the head drafts for (default: the embedded model)")
     make.add_argument("-o", "--out", required=True, metavar="DIR", help="a new folder, or an empty one, for the head (never a file or a symbolic link)")
