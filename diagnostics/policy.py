@@ -78,6 +78,33 @@ class Policy:
         return asdict(self)
 
 
+# A stored policy's fields as a person reads them, in this order.
+_POLICY_WORDS = {"temperature": "temperature", "top_k": "top-k", "top_p": "top-p", "min_p": "min-p", "eta": "η",
+                 "medusa_eps": "Medusa ε", "medusa_delta": "Medusa δ"}
+
+
+def policy_words(stored: str | None) -> str:
+    """A run's stored policy (JSON text, maybe a shared file's: bounded parse) for a person:
+    ``temperature 1 · top-k 20``, unset fields left out, ``temperature 1, no truncation`` when only
+    the temperature is set; ``–`` for none, and ``unreadable`` for text that is not a policy."""
+    from diagnostics.untrusted_json import loads
+
+    if not stored:
+        return "–"
+    try:
+        fields = loads(stored, "a run's policy", allow_non_finite=True)
+    except (TypeError, ValueError):
+        return "unreadable"
+    if not isinstance(fields, dict):
+        return "unreadable"
+    words = [f"{_POLICY_WORDS.get(key, str(key))} {value:g}" if isinstance(value, float) else f"{_POLICY_WORDS.get(key, str(key))} {value}"
+             for key, value in sorted(fields.items(), key=lambda item: list(_POLICY_WORDS).index(item[0]) if item[0] in _POLICY_WORDS else 99)
+             if value is not None]
+    if not words:
+        return "–"
+    return " · ".join(words) + (", no truncation" if list(fields.get(key) for key in ("top_k", "top_p", "min_p", "eta")) == [None] * 4 else "")
+
+
 def _masked(scores: torch.Tensor, remove: torch.Tensor) -> torch.Tensor:
     return scores.masked_fill(remove, -math.inf)
 

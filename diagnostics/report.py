@@ -13,6 +13,7 @@ tell the user or host name).
 
 from __future__ import annotations
 
+import functools
 import html
 import shlex
 from datetime import datetime, timezone
@@ -25,26 +26,19 @@ from plotly.offline import get_plotlyjs
 
 from diagnostics import __version__
 from diagnostics.audit.reporting import pair_rows, worst_position_rows, worst_prompt_rows
-from diagnostics.charts import (
-    audit_figure,
-    divergence_figure,
-    law_figure,
-    token_strip_html,
-    tracks_figure,
-    tree_candidates_figure,
-)
+from diagnostics.charts import audit_figure, token_strip_html, tracks_figure
 from diagnostics.comparison import positions_divergence, seed_references
-from diagnostics.divergence import decision_line, divergence_reason, tree_decision_line
-from diagnostics.explain import explain_step
-from diagnostics.inspection import position_view, tree_node_view
+from diagnostics.inspection import target_spec
 from diagnostics.metrics import log_likelihood
-from diagnostics.rules import get_rule
+from diagnostics.models import DEFAULT_TARGET, ModelError, embedded_tokenizer
+from diagnostics.policy import policy_words
 from diagnostics.shareable import machine_free, shared_db_name
 from diagnostics.store import Store, StoreError, complete_groups
 from diagnostics.untrusted import visible
+from diagnostics.why import chain_divergence, run_decision, shape_label
 
 SUMMARY_FIELDS = [
-    ("acceptance rate", "acceptance_rate", "accepted drafts / drafted tokens"),
+    ("acceptance rate", "acceptance_rate", "accepted drafts / drafted tokens (tree: / positions decided at a node with children)"),
     ("block efficiency", "block_efficiency", "emitted tokens per target forward pass"),
     ("tokens/s", "tokens_per_s", "emitted tokens per second of wall time"),
     ("mean TV(P, p)", "mean_tv_target", "mean distortion against the target"),
@@ -205,9 +199,11 @@ def _divergence_position(run: dict[str, Any], reference: str | None, positions: 
     return None if pd.isna(stored) else int(stored)
 
 
-def _stored_decoder(*frames: Any):
-    """Token id → the text the runs stored for it (``id N`` for an id none of them emitted or drafted):
-    a report loads no model, so the chart labels come from the file."""
+def _stored_decoder(run: dict[str, Any], *frames: Any):
+    """Token id → the text the runs stored for it; for an id none of them emitted or drafted (a
+    top-k neighbour), the embedded default's tokenizer when the run's target is that model (our own
+    file: a name in a shared database never makes a report load anything else), else ``id N``.
+    A report loads no model weights."""
     texts: dict[int, str] = {}
     for frame in frames:
         for token_column, text_column in (("token", "token_text"), ("draft_token", "draft_text")):
@@ -215,7 +211,26 @@ def _stored_decoder(*frames: Any):
                 for token, text in zip(frame[token_column], frame[text_column]):
                     if isinstance(text, str) and not pd.isna(token):  # a bonus has no draft: NA
                         texts.setdefault(int(token), text)
-    return lambda token: texts.get(int(token), f"id {int(token)}")
+    tokenizer = _embedded_tokenizer() if target_spec(run) == DEFAULT_TARGET else None
+
+    def decode(token: Any) -> str:
+        token = int(token)
+        if token in texts:
+            return texts[token]
+        if tokenizer is not None and 0 <= token < len(tokenizer):
+            return tokenizer.decode([token])
+        return f"id {token}"
+
+    return decode
+
+
+@functools.lru_cache(maxsize=1)
+def _embedded_tokenizer() -> Any:
+    """The embedded tokenizer, or ``None`` when it cannot be read here (labels fall back to ``id N``)."""
+    try:
+        return embedded_tokenizer()
+    except (ModelError, OSError, ValueError):
+        return None
 
 
 def _figure_html(figure: Any, div_id: str) -> str:
@@ -240,7 +255,7 @@ def why_section(store: Store, reference_run: dict[str, Any], reference_positions
     ref_record, record = _record_at(reference_positions, position), _record_at(positions, position)
     if ref_record is None or record is None:
         return heading + "<p>One run ended there.</p>"
-    decode = _stored_decoder(reference_positions, positions)
+    decode = _stored_decoder(reference_run, reference_positions, positions)
     try:
         if reference_run.get("tree") or run.get("tree"):
             return heading + "".join(_tree_or_chain_step(store, side, side_record, decode, f"why-{index}-{which}")
@@ -254,38 +269,17 @@ def why_section(store: Store, reference_run: dict[str, Any], reference_positions
 
 def _chain_why(reference_run: dict[str, Any], ref_record: dict[str, Any], run: dict[str, Any], record: dict[str, Any],
                decode: Any, div_id: str) -> str:
-    """Two chain runs at their divergence: the reason line, then ``p``, ``q``, each rule's fallback
-    law and each rule's ``a(x)`` against the shared coin, on the reference's laws (same prefix)."""
-    reason = divergence_reason(reference_run["rule"], ref_record, run["rule"], record, decode)
-    detail = position_view(reference_run, ref_record, None, decode, unavailable=NO_MODEL)
-    tail = len(detail.ids or [])  # rebuilt laws index the stored top-k (a token outside it: the tail bar)
-    steps = []
-    for spec, step_record in ((reference_run["rule"], ref_record), (run["rule"], record)):
-        view = explain_step(get_rule(spec), detail.view.p_target, detail.view.q_draft, detail.view.labels)
-        steps.append((view, {**step_record, "token": detail.index_of(step_record["token"], tail),
-                             "draft_token": detail.index_of(step_record.get("draft_token"), tail)}))
-    figure = divergence_figure(detail.view.p_target, detail.view.q_draft, steps)
+    """Two chain runs at their divergence (``why.chain_divergence`` on the stored top-k)."""
+    reason, figure, note = chain_divergence(reference_run, ref_record, run["rule"], record, None, decode, NO_MODEL)
     return (f'<p class="reason">{_text(reason, content=True)}</p>{_figure_html(figure, div_id)}'
-            f'<p class="meta">{_text(detail.note)}</p>')
+            f'<p class="meta">{_text(note or "")}</p>')
 
 
 def _tree_or_chain_step(store: Store, run: dict[str, Any], record: dict[str, Any], decode: Any, div_id: str) -> str:
-    """One run's decision at a divergence of a group with a tree run: its node view (candidates in
-    order, the law after each refusal) or, for a chain run, its step on ``p`` and ``q``."""
-    shape = f"tree {run['tree']}" if run.get("tree") else f"chain γ = {run['gamma']}"
-    title = f"<h4>{_text(run['rule'])} · {_text(shape)}</h4>"
+    """One run's decision at a divergence of a group with a tree run (``why.run_decision``)."""
+    title = f"<h4>{_text(run['rule'])} · {_text(shape_label(run))}</h4>"
     nodes = store.tree_nodes(run["run_id"], block=int(record["block"])) if run.get("tree") else None
-    view = tree_node_view(run, record, nodes, None, decode, NO_MODEL) if nodes is not None else None
-    if view is not None:
-        emitted = repr(decode(int(record["token"])))
-        line = tree_decision_line(run["rule"], record["kind"], view.candidates, emitted)
-        figure = tree_candidates_figure(view, top_n=12, emitted_token=view.index_of(record["token"]))
-    else:
-        line = decision_line(run["rule"], record, decode)
-        detail = position_view(run, record, None, decode, unavailable=NO_MODEL)
-        draft_token = None if record["kind"] == "bonus" else detail.index_of(record.get("draft_token"))
-        figure = law_figure(detail.view, top_n=12, draft_token=draft_token, emitted_token=detail.index_of(record["token"]),
-                            kind=record["kind"])
+    line, figure = run_decision(run, record, nodes, None, decode, NO_MODEL)
     return f'{title}<p class="reason">{_text(line, content=True)}</p>{_figure_html(figure, div_id)}'
 
 
@@ -337,7 +331,7 @@ def build_report(store: Store, run_ids: list[str], audit_ids: list[str] | None =
 <section class="run">
   <h2>{_text(run['rule'])} <small>run {_text(run['run_id'])} · {_text(run['status'])}</small></h2>
   <p class="meta">target {_text(run['target'])} · draft {_text(run['draft'])} · γ = {_number(run['gamma'])} · seed {_number(run['seed'])} ·
-     max new tokens {_number(run.get('max_new_tokens'))} · policy {_text(run['policy'] or '')} · ran on {_text(run.get('device') or 'unknown')}{' · ' + place if place else ''}</p>
+     max new tokens {_number(run.get('max_new_tokens'))} · policy {_text(policy_words(run['policy']))} · ran on {_text(run.get('device') or 'unknown')}{' · ' + place if place else ''}</p>
   <h3>Output</h3>
   {token_strip_html(records, divergence=divergence)}
   {why}
@@ -362,6 +356,8 @@ def build_report(store: Store, run_ids: list[str], audit_ids: list[str] | None =
 <h3>Summary</h3>{added}
 <table><tr><th>run</th><th>rule</th><th>seed</th><th title="first position where the run decides differently from the reference run of its group at its seed">first divergence</th>{header_cells}</tr>{rows}</table>
 <p class="meta">Definitions: hover a column title. TV(a, b) = ½ Σ |a − b|; P is the exact law each token was drawn from.
+ The acceptance rate counts every drafted token, those after a block's first rejection too (never verified); the Compare
+ page's acceptance α divides by verified drafts only, so α is at least the acceptance rate.
  In a compared group each seed's first run is that seed's reference.</p>
 <p class="meta">Reproduce lines name the runs file {_text(db_name, content=True)}: give the path of your copy of it.
  Nothing of the sender's machine is in this report (paths are cut to their last part, URLs to their scheme).</p>"""

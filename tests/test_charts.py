@@ -94,6 +94,10 @@ def test_the_draft_and_emitted_tokens_are_always_shown_and_marked() -> None:
     assert p_shown == sorted(p_shown, reverse=True)
     marks = {trace["text"][0]: trace["x"][0] for trace in figure["data"] if trace.get("mode") == "markers+text"}
     assert marks == {"drafted x": safe_label(view.labels[draft]), "emitted": safe_label(view.labels[rare])}
+    # The rare token is the last bar: its label reads leftwards, inside the chart (rightwards it was cut off).
+    assert bars["x"][-1] == safe_label(view.labels[rare])
+    sides = {trace["text"][0]: trace["textposition"] for trace in figure["data"] if trace.get("mode") == "markers+text"}
+    assert sides["emitted"] == "middle left"
     fallback = next(trace for trace in figure["data"] if trace["name"] == "fallback f")
     assert fallback["visible"] is True
     accepted = law_figure(view, top_n=25, draft_token=draft, emitted_token=draft, kind="accepted").to_plotly_json()
@@ -134,8 +138,9 @@ def test_tracks_add_log_likelihood_and_kl_and_label_the_divergence_once() -> Non
     assert "log p(y)" in names and "KL(P ‖ p)" in names
     log_p = next(trace for trace in figure["data"] if trace["name"] == "log p(y)")
     assert abs(log_p["y"][1] - torch.log(torch.tensor(0.25)).item()) < 1e-6
-    labels = [a["text"] for a in figure["layout"]["annotations"] if a["text"] == "first divergence"]
-    assert labels == ["first divergence"]
+    # Named once, in the legend, not over a track's title.
+    assert [name for name in names if "first divergence" in name] == ["first divergence (position 3)"]
+    assert not [a for a in figure["layout"]["annotations"] if "divergence" in a["text"]]
 
 
 def test_tree_figures_escape_token_text_and_mark_the_path() -> None:
@@ -324,5 +329,8 @@ def test_the_runs_table_reads_as_text_for_people() -> None:
     assert isinstance(styled, Styler) and list(styled.data.columns) == list(shown.columns)
     text = styled.to_string(delimiter="|")
     assert "None" not in text and "nan" not in text and "8e-16" not in text and "|1,230|0|–|hi" in text
+    # Streamlit draws a null cell as "None" over any display value: text cells hold their text.
+    assert styled.data["group"].tolist() == ["–", "g1"] and styled.data["draft"].tolist() == ["ngram:2", "–"]
+    assert styled.data["tokens"].tolist() == [1234, 0]  # numbers stay numbers (sorting by value)
     many = pd.concat([runs] * (STYLED_CELLS_MAX // (2 * len(RUN_HEADERS)) + 1), ignore_index=True)
     assert runs_display(many).equals(runs_table(many))  # past the bound: the same text, unstyled

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from tiny_models import save_tiny_model
 
-from diagnostics.comparison import references, run_group
+from diagnostics.comparison import reference_first, references, run_group
 from diagnostics.coupling import CouplingError, couple, plan_coupling, stored_divergence
 from diagnostics.models import load_model
 from diagnostics.runner import RunRequest, record_run
@@ -63,6 +63,9 @@ def test_a_lossy_run_gets_its_coupled_lossless_run_and_a_second_request_finds_it
     members = store.group(coupling.group_id)
     assert set(members["run_id"]) == {lossy, coupling.lossless_id}
     assert references(members)[int(lossy_run["seed"])] == coupling.lossless_id
+    # Named reference first wherever the group is listed (creation order puts the lossy run first).
+    assert members["run_id"].tolist() == [lossy, coupling.lossless_id]
+    assert reference_first(members)["rule"].tolist() == ["lossless", LOSSY]
     assert store.get_run(lossy)["divergence_position"] == d and store.get_run(coupling.lossless_id)["divergence_position"] is None
     # The second click: found, linked already, nothing recorded or changed.
     count = _run_count(store)

@@ -24,6 +24,14 @@ from diagnostics.policy import Policy
 from diagnostics.tiny import tiny_llama
 from tiny_models import save_tiny_model
 
+def _umask() -> int:
+    import os
+
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 PROMPTS = [[1, 2, 3, 4], [1, 2, 3, 4], [5, 6], [7, 8, 9, 1, 2, 3]]
 
 
@@ -56,6 +64,9 @@ def test_the_written_layout_is_the_published_one(heads, target) -> None:
     keys = set(load_file(str(medusa_folder / "medusa_lm_head.safetensors")))
     assert {"0.0.linear.weight", "0.0.linear.bias", "0.1.weight", "3.1.weight"} <= keys
     assert medusa.taps == (5,) and default_taps(32) == (2, 16, 29)
+    # Weights get the mode the config gets (the umask's), not safetensors' 0600.
+    for written in (folder / "model.safetensors", medusa_folder / "medusa_lm_head.safetensors"):
+        assert written.stat().st_mode & 0o777 == (folder / "config.json").stat().st_mode & 0o777 == 0o666 & ~_umask()
 
 
 @pytest.mark.parametrize("kind", ["eagle3", "medusa"])

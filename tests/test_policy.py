@@ -118,3 +118,16 @@ def test_the_medusa_gate_policy_is_the_medusa_rules_baseline_law() -> None:
             assert torch.allclose(gated.sum(-1), torch.ones(6, dtype=torch.float64))
     flat = probabilities(torch.zeros(1, 50), Policy(medusa_eps=1.0, medusa_delta=1.0))  # e^{−H'} = 1/50 + 1e-5 > p
     assert int((flat > 0).sum()) == 1  # the gate is empty for a flat p; the top token is kept
+
+
+def test_a_stored_policy_reads_as_words() -> None:
+    """Reports and Inspect show a policy as words, not JSON with nulls."""
+    import json
+
+    from diagnostics.policy import Policy, policy_words
+
+    assert policy_words(json.dumps(Policy(temperature=1.0).as_dict())) == "temperature 1, no truncation"
+    assert policy_words(json.dumps(Policy(temperature=0.7, top_k=20).as_dict())) == "temperature 0.7 · top-k 20"
+    assert "null" not in policy_words(json.dumps(Policy(top_p=0.9).as_dict()))
+    assert policy_words(None) == "–" and policy_words("[1]") == "unreadable" and policy_words("{") == "unreadable"
+    assert policy_words("[" * 100_000) == "unreadable"  # bounded parse of a shared file's text

@@ -342,7 +342,7 @@ def test_a_chain_vs_tree_group_report_draws_each_runs_node_at_the_divergence(tmp
 def test_a_divergence_that_cannot_be_charted_leaves_the_rest_of_the_report(group, monkeypatch) -> None:
     """Positions of a shared file that are valid row by row yet make no step: the why part says so
     in one line and the report is still written (stand-in: the chart function refuses)."""
-    import diagnostics.report
+    import diagnostics.why
 
     store, run_ids = group
     position = store.get_run(run_ids[1])["divergence_position"]
@@ -351,7 +351,25 @@ def test_a_divergence_that_cannot_be_charted_leaves_the_rest_of_the_report(group
     def refuse(*_args, **_kwargs):
         raise ValueError("the drafted token is not in the stored top-k\nsecond line")
 
-    monkeypatch.setattr(diagnostics.report, "divergence_figure", refuse)
+    monkeypatch.setattr(diagnostics.why, "divergence_figure", refuse)
     text = build_report(store, run_ids)
     assert "The stored positions there cannot be charted: the drafted token is not in the stored top-k.</p>" in text
     assert "second line" not in text and '<div id="why-' not in text and text.count('<div id="tracks-') == 2
+
+
+def test_a_report_labels_top_k_neighbours_with_the_embedded_tokenizer() -> None:
+    """A token no run emitted or drafted (a neighbour in the stored top-k) was labelled ``id N`` in a
+    report of an embedded-model run; the embedded tokenizer (our own file) now names it. A run of
+    any other target never makes a report load anything: its neighbours stay ``id N``."""
+    import pandas as pd
+
+    from diagnostics.models import EMBEDDED_NAME, embedded_tokenizer
+    from diagnostics.report import _stored_decoder
+
+    frame = pd.DataFrame({"token": [504], "token_text": ["stored"], "draft_token": [None], "draft_text": [None]})
+    decode = _stored_decoder({"target": EMBEDDED_NAME}, frame)
+    assert decode(504) == "stored"  # what the run stored wins
+    assert decode(1000) == embedded_tokenizer().decode([1000]) and not decode(1000).startswith("id ")
+    assert decode(10**9) == "id 1000000000"  # outside the vocabulary: the id
+    other = _stored_decoder({"target": "/somewhere/else"}, frame)
+    assert other(1000) == "id 1000" and other(504) == "stored"

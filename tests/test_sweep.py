@@ -366,6 +366,9 @@ def test_sweep_page_shows_the_pareto_chart_table_and_verdicts(prompt_file: Path,
     assert {trace.get("name") for trace in chart["data"]} == {"rule", "baseline", "lossless"}
     table = at.dataframe[0].value
     assert list(table["setting"]) == ["lossless", "lenience:0.5", "cascade:0.3", "baseline of cascade:0.3"]
+    # Speed and quality in two tables that each fit a window (one was wider than 1400 px).
+    assert list(table.columns) == ["setting", "role", "units", "modelled speed-up", "acceptance"]
+    assert list(at.dataframe[1].value.columns)[:5] == ["setting", "TV(P, baseline)", "TV(P, p)", "path KL", "log-likelihood"]
     assert sum("distortion" in markdown.value for markdown in at.markdown) == 2
     at.radio(key="sweep_axis").set_value("accuracy").run()
     assert not at.exception

@@ -11,7 +11,8 @@ import streamlit as st
 from diagnostics.audit import audit_recorded_run
 from diagnostics.audit.collect import Sampling, collect
 from diagnostics.audit.external import DEFAULT_DETECT_TV, audit_samples, audit_scored_samples
-from diagnostics.audit.reporting import json_safe, pair_rows, summary_line, worst_position_rows, worst_prompt_rows
+from diagnostics.audit.reporting import (json_safe, number, pair_rows, readable_settings, summary_line, worst_position_rows,
+                                         worst_prompt_rows)
 from diagnostics.audit.samples import MAX_FILE_BYTES, SamplesError, load_samples, retokenize
 from diagnostics.audit.two_sample import two_sample_audit
 from diagnostics.audit.suite import (
@@ -84,26 +85,6 @@ VERDICT_WORDS = {"fail": "FAIL", "inconclusive": "INCONCLUSIVE", "pass": "PASS"}
 # What each verdict says of the output law (rule, engine and external layers).
 LAW_CLAIMS = {"fail": "differs from {reference}", "inconclusive": "could not be told from {reference} with this sample",
               "pass": "is consistent with {reference}"}
-
-
-def number(value: object, spec: str = ".3g") -> str:
-    """A stored number for reading ("–" when absent or not a number: evidence may come from a file)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return "–"
-    return format(value, spec)
-
-
-def readable(value: object) -> str:
-    """A setting's value as text (not a Python repr): lists joined, mappings as ``key value``, ``None`` as "–"."""
-    if value is None:
-        return "–"
-    if isinstance(value, float):
-        return number(value)
-    if isinstance(value, (list, tuple)):
-        return ", ".join(readable(item) for item in value) or "–"
-    if isinstance(value, dict):
-        return ", ".join(f"{key} {readable(item)}" for key, item in value.items()) or "–"
-    return str(value)
 
 
 def law_claim(evidence: dict, verdict: str) -> str:
@@ -410,7 +391,7 @@ if prompts:
     st.dataframe(prompts, hide_index=True)
 settings = evidence.get("settings")
 if settings:
-    st.caption(md("Settings: {settings}", settings=" · ".join(f"{key} {readable(value)}" for key, value in settings.items())))
+    st.caption(md("Settings: {settings}", settings=readable_settings(settings)))
 if audit_id is not None and evidence is not unsaved:
     st.download_button("Download report (HTML)", build_report(store, [], [audit_id]), file_name=f"audit-{file_name_part(audit_id)}.html",
                        mime="text/html", key="audit_report")

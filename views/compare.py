@@ -8,26 +8,26 @@ import uuid
 import pandas as pd
 import streamlit as st
 
-from diagnostics.charts import divergence_figure, law_figure, token_strip_html, tree_candidates_figure
+from diagnostics.charts import token_strip_html
 from diagnostics.comparison import (
     group_status,
     member_figures,
     member_label,
     parse_seeds,
     plan_group,
+    reference_first,
     references,
     run_group,
     summarise,
 )
-from diagnostics.divergence import decision_line, divergence_reason, tree_decision_line
 from diagnostics.engine import EngineError
-from diagnostics.explain import explain_step
-from diagnostics.inspection import position_view, target_spec, tree_node_view
+from diagnostics.inspection import target_spec
 from diagnostics.metrics import modelled_speedup, modelled_tree_speedup
 from diagnostics.drafts import load_draft
 from diagnostics.models import ModelError
-from diagnostics.rules import RuleError, get_rule
+from diagnostics.rules import RuleError
 from diagnostics.store import StoreError
+from diagnostics.why import chain_divergence, run_decision, shape_label
 from views.common import (
     Launch,
     cached_model,
@@ -58,7 +58,7 @@ with st.expander("Launch a comparison", expanded=groups.empty or "cmp_launching"
                                help="Comma-separated rule specs, as on the command line (a rule's own parameters stay "
                                     "with it: medusa:0.09,0.3). " + RULE_HELP)
     seeds_text = st.text_input("Seeds", "0", key="cmp_seeds", help="One seed, a list (0,1,2) or a range (0-4): every rule runs at every seed.")
-    target_name, request = request_widgets("cmp", "lossless")
+    target_name, request = request_widgets("cmp", "lossless", with_seed=False)
     try:
         planned = plan_group(rules_text, parse_seeds(seeds_text), request) if request is not None else None
     except (RuleError, EngineError, ValueError) as error:
@@ -131,13 +131,16 @@ order = list(dict.fromkeys(groups["group_id"].tolist()))
 requested = launched if launched in order else st.query_params.get("group")
 if requested in order and (launched or st.session_state.get("cmp_group") not in order):
     st.session_state["cmp_group"] = requested  # a keyed select box ignores index= once it has a value
-labels = {gid: plain(f"{gid} · " + ", ".join(dict.fromkeys(groups.loc[groups.group_id == gid, "rule"].tolist()[::-1])), limit=200) for gid in order}
+# Each group named by its rules, its references' first (creation order would name a coupled pair
+# from Inspect "lenience:0.5, lossless").
+labels = {gid: plain(f"{gid} · " + ", ".join(dict.fromkeys(reference_first(groups[groups.group_id == gid].iloc[::-1])["rule"])), limit=200)
+          for gid in order}
 group_id = st.selectbox("Group", order, index=order.index(requested) if requested in order else 0, format_func=labels.get, key="cmp_group")
 st.query_params["group"] = group_id
-members = store.group(group_id)
+members = reference_first(store.group(group_id))
 # A member is named by its rule, plus its tree shape and any policy that differs from its seed's
 # reference (a matched baseline): "lossless" under min-p 0.3 is not the lossless reference.
-_first_of_seed = {int(row["seed"]): row for row in reversed(members.to_dict("records"))}
+_first_of_seed = {int(row["seed"]): row for row in reversed(members.to_dict("records"))}  # each seed's reference
 members["label"] = [member_label(row, _first_of_seed[int(row["seed"])]) for row in members.to_dict("records")]
 status = group_status(members)
 if launched == group_id:
@@ -172,22 +175,12 @@ shown = pd.DataFrame({"rule": summary["rule"], "seeds": summary["seeds"]})
 
 
 def _tree_or_chain_step(run_row: dict, record: dict, laws, decode, unavailable: str | None, key: str) -> None:
-    """One run's decision at a position of a compared group: the tree node view of a tree run (its
-    candidates in order and the law after each refusal), the chain step of a chain run."""
-    shape = f"tree {run_row['tree']}" if run_row.get("tree") else f"chain γ = {run_row['gamma']}"
-    st.markdown(md("**{rule}** · {shape}", rule=run_row["rule"], shape=shape))
+    """One run's decision at a position of a compared group (``why.run_decision``)."""
+    st.markdown(md("**{rule}** · {shape}", rule=run_row["rule"], shape=shape_label(run_row)))
     nodes = store.tree_nodes(run_row["run_id"], block=int(record["block"])) if run_row.get("tree") else None
-    view = tree_node_view(run_row, record, nodes, laws, decode, unavailable) if nodes is not None else None
-    if view is not None:
-        emitted = repr(decode(int(record["token"]))) if decode else repr(record.get("token_text") or str(record["token"]))
-        st.caption(literal(tree_decision_line(run_row["rule"], record["kind"], view.candidates, emitted)))
-        st.plotly_chart(tree_candidates_figure(view, top_n=12, emitted_token=view.index_of(record["token"])), key=key)
-        return
-    st.caption(literal(decision_line(run_row["rule"], record, decode)))
-    detail = position_view(run_row, record, laws, decode, unavailable=unavailable)
-    draft_token = None if record["kind"] == "bonus" else detail.index_of(record.get("draft_token"))
-    st.plotly_chart(law_figure(detail.view, top_n=12, draft_token=draft_token, emitted_token=detail.index_of(record["token"]),
-                               kind=record["kind"]), key=key)
+    line, figure = run_decision(run_row, record, nodes, laws, decode, unavailable)
+    st.caption(literal(line))
+    st.plotly_chart(figure, key=key)
 
 
 def _mean_sd(name: str, digits: int) -> list[str]:
@@ -207,7 +200,7 @@ st.caption("Mean ± standard deviation over seeds. acceptance α: accepted / ver
            "target forward; modelled speed-up: (1 − α^(γ+1)) / ((1 − α)(γc + 1)) with the cost ratio c at the right; "
            "log-likelihood: Σ log p(y) of the output under the target. Wall-clock speed is on each run's Inspect page.")
 
-# Not "cmp_seed": the launch form above has a seed input of that key (a page with both crashed).
+# Not "cmp_seed": a key the shared launch form would give a seed input (the Seeds field above plans them).
 seed = st.selectbox("Seed", seeds, key="cmp_group_seed") if len(seeds) > 1 else seeds[0]
 at_seed = members[members.seed == seed]
 reference_id = refs.get(seed)
@@ -246,20 +239,11 @@ if reference_run is not None and diverging:
                 with column:
                     _tree_or_chain_step(run_row, record, laws, decode, unavailable, key=f"cmp_tree_{member.run_id}_{run_row['run_id']}")
             continue
-        st.caption(literal(divergence_reason(reference_run["rule"], ref_record, member.rule, other_record, decode)))
-        detail = position_view(reference_run, ref_record, laws, decode, unavailable=unavailable)
-        # Same prefix up to here, so p and q are the reference's; each rule's own step on them.
-        steps = []
-        for spec, record in ((reference_run["rule"], ref_record), (member.rule, other_record)):
-            view = explain_step(get_rule(spec), detail.view.p_target, detail.view.q_draft, detail.view.labels)
-            if not detail.exact:  # rebuilt laws index the stored top-k (a token outside it: the tail bar)
-                tail = len(detail.ids or [])
-                record = {**record, "token": detail.index_of(record["token"], tail),
-                          "draft_token": detail.index_of(record.get("draft_token"), tail)}
-            steps.append((view, record))
-        st.plotly_chart(divergence_figure(detail.view.p_target, detail.view.q_draft, steps), key=f"cmp_divergence_{member.run_id}")
-        if not detail.exact:
-            st.caption(literal(detail.note))
+        reason, figure, note = chain_divergence(reference_run, ref_record, member.rule, other_record, laws, decode, unavailable)
+        st.caption(literal(reason))
+        st.plotly_chart(figure, key=f"cmp_divergence_{member.run_id}")
+        if note:
+            st.caption(literal(note))
 
 st.subheader("Tokens")
 for member in at_seed.itertuples():

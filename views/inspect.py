@@ -7,7 +7,6 @@ redraws, so it answers in well under a second.
 
 from __future__ import annotations
 
-import json
 import re
 
 import streamlit as st
@@ -16,6 +15,7 @@ from diagnostics.charts import law_figure, token_strip_html, tracks_figure, tree
 from diagnostics.coupling import divergence_partners
 from diagnostics.divergence import SEVERE_OVERSHOOT, decision_line, jump_targets, tree_decision_line
 from diagnostics.inspection import position_view, target_spec, tree_node_view
+from diagnostics.policy import policy_words
 from views.common import (
     decoder,
     headline_metrics,
@@ -62,7 +62,7 @@ st.caption(md("target {target} · draft {draft} · rule **{rule}** · {shape} ·
               device=run.get("device") or "unknown (recorded before schema 7)"))
 with st.expander("Prompt, policy and output"):
     st.text(plain(run["prompt"], keep="\n\t"))  # bidi overrides and escapes shown, not obeyed
-    st.json({"policy": json.loads(run["policy"] or "{}"), "draft policy": json.loads(run["draft_policy"] or "{}")})
+    st.text(plain(f"policy: {policy_words(run['policy'])} · draft policy: {policy_words(run['draft_policy'])}"))
     st.text(plain(run["output_text"] or "", keep="\n\t"))
 
 if positions.empty:

@@ -53,21 +53,23 @@ def policy_widgets(prefix: str) -> Policy | None:
         return None
 
 
-def request_widgets(prefix: str, rule: str, with_prompt: bool = True) -> tuple[str, RunRequest | None]:
+def request_widgets(prefix: str, rule: str, with_prompt: bool = True, with_seed: bool = True) -> tuple[str, RunRequest | None]:
     """Widgets for everything but the rule(s); returns the target spec and a request.
     ``with_prompt=False`` (a sweep: the prompt set gives the prompts, the seeds are planned): no
-    prompt and no seed widgets."""
+    prompt and no seed widgets. ``with_seed=False`` (Compare: its own Seeds field plans them): no
+    seed widget, the request's seed is 0."""
+    with_seed = with_seed and with_prompt
     prompt = st.text_area("Prompt", "Write a haiku about the sea.", key=f"{prefix}_prompt", height=90) if with_prompt else "-"
     cols = st.columns(2)
     target = cols[0].text_input("Target", default_target(), key=f"{prefix}_target",
                                 help="'default' is the embedded SmolLM2-135M-Instruct; or a hub id or local path")
     with cols[1]:
         draft = draft_widget(prefix, layer_count(target.strip() or "default"))
-    cols = st.columns(3 if with_prompt else 2)
+    cols = st.columns(3 if with_seed else 2)
     gamma = cols[0].number_input("γ (drafts per block)", 1, 16, 4, key=f"{prefix}_gamma")
     budget = cols[1].number_input("max new tokens", 1, 2048, RunRequest.max_new_tokens if with_prompt else 16,
                                   key=f"{prefix}_max_tokens")
-    seed = cols[2].number_input("seed", 0, 2**31 - 1, 0, key=f"{prefix}_seed") if with_prompt else 0
+    seed = cols[2].number_input("seed", 0, 2**31 - 1, 0, key=f"{prefix}_seed") if with_seed else 0
     policy = policy_widgets(prefix)
     tree, children = tree_widgets(prefix)
     raw = st.checkbox("Raw prompt (no chat template)", key=f"{prefix}_raw")

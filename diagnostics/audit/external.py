@@ -180,27 +180,57 @@ def teacher_forced_batch(target: Any, sequences: Sequence[tuple[list[int], list[
     return laws  # type: ignore[return-value]
 
 
-def _binned_tv(values: np.ndarray, bins: int) -> float:
-    counts = np.histogram(values, bins=bins, range=(0.0, 1.0))[0]
-    return 0.5 * float(np.abs(counts / max(1, counts.sum()) - 1.0 / bins).sum())
+def _tv_from_uniform(laws: np.ndarray) -> np.ndarray:
+    """``½ Σ_b |π_b − 1/B|`` over the last axis."""
+    return 0.5 * np.abs(laws - 1.0 / laws.shape[-1]).sum(-1)
+
+
+# A line's ``speculative`` field in the settings a person reads.
+SPECULATION_WORDS = {True: "on", False: "off", None: "not stated"}
+CALIBRATION_GRID = np.linspace(0.0, 1.0, 21)
+CALIBRATION_DRAWS = 40
+
+
+def _calibrated_tv(counts: np.ndarray, generator: np.random.Generator) -> float:
+    """The PIT law's TV from uniform, debiased by calibration along the shrinkage path.
+
+    The plug-in ``T̂ = TV(ĉ)`` overstates the truth by sampling noise, and by how much depends on
+    the law: subtracting the noise of an exactly uniform law (the earlier estimator) took 0.116
+    off a true 0.143. Here, for laws ``π_λ = u + λ(ĉ − u)`` (``λ`` in ``CALIBRATION_GRID``), the
+    mean plug-in at this ``n`` is simulated (multinomial draws); the ``λ`` whose mean equals
+    ``T̂`` gives the estimate ``λ·T̂`` (0 when ``T̂`` is no more than uniform noise; beyond
+    ``λ = 1``, ``T̂`` less the noise at ``ĉ``). Measured on simulated PIT samples (4,000 values
+    in 100 generations, truths 0 to 0.14): mean bias at most 0.008, near 0, from clipping at 0."""
+    total = int(counts.sum())
+    observed = counts / max(1, total)
+    plug_in = float(_tv_from_uniform(observed))
+    uniform = np.full_like(observed, 1.0 / observed.size)
+    laws = uniform + CALIBRATION_GRID[:, None] * (observed - uniform)
+    draws = generator.multinomial(total, laws, size=(CALIBRATION_DRAWS, len(CALIBRATION_GRID))) / total
+    means = np.maximum.accumulate(_tv_from_uniform(draws).mean(0))  # monotone in λ up to simulation noise
+    if plug_in <= means[0]:
+        return 0.0
+    if plug_in >= means[-1]:
+        return max(0.0, plug_in - (means[-1] - plug_in))
+    return float(np.interp(plug_in, means, CALIBRATION_GRID)) * plug_in
 
 
 def distortion_estimate(per_generation: list[np.ndarray], bins: int = PIT_BINS, resamples: int = BOOTSTRAP,
                         seed: int = 0) -> tuple[float, float, float]:
-    """``½ Σ_b |ĉ_b − 1/B|`` of the pooled PIT, minus its mean under exact uniformity at the same
-    ``n`` (simulated), with a 95% percentile interval from resampling generations; clipped at 0."""
-    pooled = np.concatenate(per_generation) if per_generation else np.zeros(0)
-    if pooled.size == 0:
+    """The pooled PIT's distortion ``½ Σ_b |c_b − 1/B|`` (``_calibrated_tv``), with a 95% interval
+    from resampling generations: the resampled estimates' percentiles, shifted by their own bias
+    (their mean minus the estimate; a resample adds noise of its own, and unshifted percentiles
+    laid the whole interval above the estimate, ``0.005 [0.005, 0.069]``). Coverage measured on
+    simulated samples at truths 0, 0.01, 0.02, 0.05, 0.14: 0.9, 1.0, 0.88, 0.95, 0.98 (40 each)."""
+    if not per_generation or sum(len(values) for values in per_generation) == 0:
         return float("nan"), float("nan"), float("nan")
     generator = np.random.default_rng(seed)
-    null = float(np.mean([_binned_tv(generator.random(pooled.size), bins) for _ in range(50)]))
-    estimate = _binned_tv(pooled, bins) - null
-    boots = []
-    for _ in range(resamples):
-        chosen = generator.integers(0, len(per_generation), len(per_generation))
-        boots.append(_binned_tv(np.concatenate([per_generation[i] for i in chosen]), bins) - null)
-    low, high = np.percentile(boots, [2.5, 97.5])
-    return max(0.0, estimate), max(0.0, float(low)), max(0.0, float(high))
+    counts = np.stack([np.histogram(values, bins=bins, range=(0.0, 1.0))[0] for values in per_generation])
+    estimate = _calibrated_tv(counts.sum(0), generator)
+    boots = np.array([_calibrated_tv(counts[generator.integers(0, len(counts), len(counts))].sum(0), generator)
+                      for _ in range(resamples)])
+    low, high = np.percentile(boots - (boots.mean() - estimate), [2.5, 97.5])
+    return estimate, max(0.0, float(low)), max(0.0, float(high))
 
 
 def _prompt_tests(per_prompt: dict[str, list[float]], generations: dict[str, int], limit: int = 5) -> list[PromptTest]:
@@ -374,7 +404,7 @@ def _verdict(core: EngineAudit, samples: list[Sample], per_generation: list[np.n
         worst_prompts=_prompt_tests(per_prompt, _count_by_prompt(samples)), prompt_mismatches=mismatches, engine=", ".join(engines) or None,
         time_s=time.perf_counter() - started,
         settings={"declared": [dict(zip(("temperature", "top_k", "top_p", "min_p"), key)) for key in settings][:10],
-                  "speculative": sorted({str(sample.speculative) for sample in samples})},
+                  "speculation": sorted({SPECULATION_WORDS[sample.speculative] for sample in samples})},
     )
 
 

@@ -21,6 +21,35 @@ def _number(value: Any, fmt: str = ".3g") -> str:
     return "n/a" if value is None else format(value, fmt)
 
 
+def number(value: object, spec: str = ".3g") -> str:
+    """A stored number for reading ("–" when absent or not a number: evidence may come from a file)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "–"
+    return format(value, spec)
+
+
+def readable(value: object) -> str:
+    """A setting's value as text (not a Python repr): lists joined, mappings as ``key value``,
+    ``None`` as "–", a flag as "on" or "off"."""
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float):
+        return number(value)
+    if isinstance(value, (list, tuple)):
+        return ", ".join(readable(item) for item in value) or "–"
+    if isinstance(value, dict):
+        return ", ".join(f"{str(key).replace('_', ' ')} {readable(item)}" for key, item in value.items()) or "–"
+    return str(value)
+
+
+def readable_settings(settings: dict[str, Any]) -> str:
+    """An audit's settings on one line for a person: ``speculation off · top k 20`` (snake_case
+    keys as words; values through ``readable``). Untrusted: show it through ``md``/``literal``."""
+    return " · ".join(f"{str(key).replace('_', ' ')} {readable(value)}" for key, value in settings.items())
+
+
 def summary_line(result: dict[str, Any]) -> str:
     """One line: layer, what was audited, the verdict, and the evidence that decided it."""
     layer, verdict = result.get("layer"), str(result.get("verdict", "?")).upper()

@@ -14,6 +14,7 @@ import plotly.graph_objects as go
 import torch
 
 from diagnostics.explain import StepView
+from diagnostics.metrics import FLOAT_NOISE, noise_as_zero
 from diagnostics.untrusted import visible
 
 COLORS = {
@@ -30,11 +31,6 @@ COLORS = {
 RULE_COLORS = ["#d62728", "#9467bd", "#1f77b4", "#2ca02c", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]
 
 
-# Values closer to 0 than this are float rounding, drawn as 0 on distortion tracks. Distortions
-# are computed in float64: a sum over a 49,152-token vocabulary accumulates at most about
-# 49,152 × 2.2e-16 ≈ 1e-11 of rounding (a lossless run stores 8e-16), while the smallest
-# distortion a chart or hover shows (4 decimals) is 1e-4: 1e-9 sits well between the two.
-FLOAT_NOISE = 1e-9
 VISIBLE_SPACE = "␣"
 # Spaces SVG text would trim or collapse (Plotly sets no xml:space): leading, trailing, runs of 2+.
 _HIDDEN_SPACES = re.compile(r"^ +| +$| {2,}")
@@ -68,7 +64,7 @@ def visible_spaces(text: str) -> str:
 def denoise(values: list[float | None]) -> list[float | None]:
     """Distortion values with float noise (``|x| < FLOAT_NOISE``) drawn as 0, so a lossless
     run's track is flat 0 instead of being scaled to 1e-16 ("1f 2f 3f" ticks, spikes)."""
-    return [0.0 if value is not None and abs(value) < FLOAT_NOISE else value for value in values]
+    return [noise_as_zero(value) for value in values]
 
 
 def shown_tokens(view: StepView, top_n: int, must: tuple[int | None, ...] = ()) -> list[int]:
@@ -103,9 +99,11 @@ def mark_tokens(figure: go.Figure, labels: list[str], tokens: list[int], marks: 
         if token is None or int(token) not in tokens:
             continue
         column = tokens.index(int(token))
+        # A label reads away from the nearer edge: to the right of the last bar it was cut off.
+        side = "middle right" if column < len(labels) / 2 else "middle left"
         # One height per mark, so labels on neighbouring tokens never overlap.
         figure.add_scatter(x=[labels[column]], y=[height * (1.06 + 0.09 * level)], mode="markers+text", name=text,
-                           text=[text], textposition="middle right", showlegend=False, cliponaxis=False,
+                           text=[text], textposition=side, showlegend=False, cliponaxis=False,
                            marker={"symbol": symbol, "size": 13, "color": color},
                            hovertemplate=f"%{{x}}: {text}<extra></extra>", **where)
         level += 1

@@ -166,9 +166,10 @@ def tracks_figure(positions: "object", selected: int | None = None, divergence: 
         shapes.append(_vertical(selected, "#111", 2, "solid"))
     if divergence is not None:
         shapes.append(_vertical(divergence, "#cf222e", 2, "dash"))
-        # One label above the first track (a vline's own annotation repeats on every subplot).
-        figure.add_annotation(x=divergence, y=1.0, xref="x", yref="paper", yanchor="bottom", showarrow=False,
-                              text="first divergence", font={"color": "#cf222e"})
+        # Named once, in the legend: a label on the chart sat on the first track's title (and a
+        # vline's own annotation repeats on every subplot).
+        figure.add_scatter(row=1, col=1, x=[None], y=[None], mode="lines", name=f"first divergence (position {int(divergence)})",
+                           line={"color": "#cf222e", "width": 2, "dash": "dash"}, hoverinfo="skip")
     figure.update_layout(shapes=shapes)
     figure.update_layout(height=740, margin={"t": 40, "b": 30, "l": 50, "r": 10}, legend={"orientation": "h", "y": -0.1},
                          clickmode="event+select", hovermode="x unified")

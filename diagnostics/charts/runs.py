@@ -9,7 +9,7 @@ from datetime import datetime
 import pandas as pd
 from pandas.io.formats.style import Styler
 
-from diagnostics.charts.common import FLOAT_NOISE
+from diagnostics.metrics import FLOAT_NOISE
 
 MISSING = "–"
 SIGNIFICANT_DIGITS = 3
@@ -81,5 +81,11 @@ def runs_table(runs: pd.DataFrame) -> Styler | pd.DataFrame:
     columns = [column for column in RUN_HEADERS if column in runs]
     if len(runs) * len(columns) > STYLED_CELLS_MAX:
         return runs_display(runs)
-    data = runs[columns].rename(columns=RUN_HEADERS).reset_index(drop=True)
+    data = runs[columns].reset_index(drop=True)
+    # Text cells become their text here: Streamlit draws a null cell as "None" whatever the
+    # Styler's display value says. Number cells stay numbers (so they sort by value) and an empty
+    # one reads "–" through the formatter.
+    numeric = COUNT_COLUMNS | MEASURE_COLUMNS
+    data = pd.DataFrame({column: data[column] if column in numeric else [format_text(value) for value in data[column].tolist()]
+                         for column in columns}).rename(columns=RUN_HEADERS)
     return data.style.format({RUN_HEADERS[column]: _formatter(column) for column in columns}, na_rep=MISSING)

@@ -189,9 +189,13 @@ def _write(out: Path, weights: dict[str, dict[str, torch.Tensor]], config: str) 
         raise ModelError(f"cannot create a folder next to {out} ({error.strerror or error.__class__.__name__}): "
                          "give -o a path in a writable folder") from None
     try:
+        (staging / "config.json").write_text(config)
+        # safetensors creates its files 0600; give them the mode any new file gets here (the
+        # config's, from the umask), so a head shared on a machine reads like its config.
+        mode = (staging / "config.json").stat().st_mode & 0o777
         for name, state in weights.items():
             save_file({key: value.contiguous() for key, value in state.items()}, str(staging / name))
-        (staging / "config.json").write_text(config)
+            os.chmod(staging / name, mode)
         os.replace(staging, out)  # atomic; replaces ``out`` only when it is an empty folder
     except OSError as error:
         raise ModelError(f"cannot write the head to {out} ({error.strerror or error.__class__.__name__}): "
