@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-from browser_support import chromium, chromium_path, shot, streamlit_server, wait_or_explain
+from browser_support import chromium, chromium_path, settled, shot, streamlit_server, wait_or_explain
 from tiny_models import save_tiny_model
 
 from diagnostics.heads.layout import make_head
@@ -211,6 +211,7 @@ def test_a_sweep_launched_on_the_page_stops_and_resumes(setup, page) -> None:
     warning = page.get_by_text(re.compile(r"This sweep is interrupted with \d+ of 24 units"))
     wait_or_explain(page, warning, "the interrupted sweep's warning")
     wait_or_explain(page, stop, "Stop gone after the stop", state="detached")
+    settled(page, 120_000)
     wait_or_explain(page, page.get_by_text("Per setting (95% intervals over prompts and seeds)"), "the figures after the stop")
     page.wait_for_timeout(1000)  # the page's rerun after Stop has finished: a click now starts a new run
     _shot(page, "sweep_stopped")
@@ -222,6 +223,7 @@ def test_a_sweep_launched_on_the_page_stops_and_resumes(setup, page) -> None:
     page.get_by_role("button", name="Resume", exact=True).click()
     stop.wait_for(timeout=60_000)
     wait_or_explain(page, stop, "Stop gone after the resumed sweep", timeout_ms=300_000, state="detached")
+    settled(page, 120_000)  # the figures' heading of the run before the resume stays, stale, until this run ends
     wait_or_explain(page, page.get_by_text("Per setting (95% intervals over prompts and seeds)"), "the figures after the resume")
     wait_or_explain(page, page.get_by_text("This sweep is interrupted"), "the warning gone after the resume", state="detached")
     assert page.get_by_role("button", name="Resume", exact=True).count() == 0
