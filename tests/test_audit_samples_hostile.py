@@ -232,6 +232,23 @@ def test_max_tokens_is_the_limit_and_overshoot_is_said() -> None:
     assert shorter.verdict == "fail", shorter.reasons
 
 
+def test_two_samples_of_empty_generations_give_a_result(tmp_path) -> None:
+    """No line declares max_tokens and every generation is empty: the limit is 0 and no path has a
+    symbol, so nothing is compared (was an IndexError at depth 0); a group beside it is still tested."""
+    empty = [_line(prompt="e", token_ids=[], seed=i) for i in range(30)]
+    spec = load_samples(_file(tmp_path, "a.jsonl", empty))
+    base = load_samples(_file(tmp_path, "b.jsonl", [_line(prompt="e", token_ids=[], seed=100 + i) for i in range(30)]))
+    result = two_sample_audit(spec, base)
+    assert result.verdict == "inconclusive" and result.tokens == 0 and result.positions == []
+    assert any("30 generations of sample A against 30 of sample B, 1 prompts, 0 contexts tested" in reason
+               for reason in result.reasons), result.reasons
+    spec = load_samples(_file(tmp_path, "c.jsonl", empty + [_line(token_ids=[3], seed=200 + i) for i in range(30)]))
+    base = load_samples(_file(tmp_path, "d.jsonl", [_line(prompt="e", token_ids=[], seed=300 + i) for i in range(30)]
+                              + [_line(token_ids=[4], seed=400 + i) for i in range(30)]))
+    mixed = two_sample_audit(spec, base)
+    assert mixed.verdict == "fail" and [test.position for test in mixed.positions] == [0]
+
+
 def test_two_sample_wording_says_what_was_tested() -> None:
     spec, plain = _overshooting(600, 4, False, stop=0.3), _overshooting(600, 5, False)
     for sample in spec:
