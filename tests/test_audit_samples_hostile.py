@@ -128,6 +128,23 @@ def test_text_only_lines_are_retokenised_and_miscounted_ones_left_out() -> None:
     assert samples[2].token_ids == [7] and samples[2].ids_source is None  # the engine's own ids are kept
 
 
+def test_a_sampled_eos_is_put_back_alike_by_the_collector_and_retokenize() -> None:
+    """One rule (``samples.continuation_ids`` then ``with_sampled_eos``) for an answer's text and a
+    text-only line: a stop that counted one token more than its text shows ends with the EOS id."""
+    from diagnostics.audit.collect import Sampling, sample_from_answer
+
+    for finish, count, expected in (("stop", 3, [3, 4, 11]), ("stop", 2, [3, 4]), ("length", 3, [3, 4]), ("stop", None, [3, 4])):
+        answer = {"choices": [{"text": " w3 w4", "finish_reason": finish}]}
+        if count is not None:
+            answer["usage"] = {"completion_tokens": count}
+        collected = sample_from_answer(answer, "w1 w2", Sampling(max_tokens=8), 0, "vllm", None, _word_tokenize, [1, 2], 11)
+        line = Sample(prompt="w1 w2", token_ids=[], temperature=1.0, text=" w3 w4", finish_reason=finish,
+                      completion_tokens=count, where="f line 1")
+        assert retokenize([line], _word_tokenize, eos_id=11) == 1
+        assert collected.token_ids == line.token_ids == expected, (finish, count)
+        assert collected.ids_source == line.ids_source == "retokenized"
+
+
 def test_text_only_file_needs_target_and_is_audited_with_its_tokenizer(tmp_path: Path, tiny_folder: str, capsys) -> None:
     lines = [json.dumps({"prompt": "w1 w2", "text": " w3 w4 w5", "token_ids": [], "temperature": 1.0})] * 20
     lines.append(json.dumps({"prompt": "w1 w2", "text": " w3", "completion_tokens": 2, "temperature": 1.0}))
