@@ -120,6 +120,22 @@ def test_an_id_outside_the_targets_vocabulary_is_a_one_line_error_in_the_cross_c
         audit_scored_samples(samples, target=target)
 
 
+def test_scores_all_minus_infinity_are_missing_to_the_audit_and_its_cross_check() -> None:
+    """One predicate (``usable_scores``) for the PIT and the cross-check: a position whose listed
+    log-probs are all -inf is left out by both (the cross-check's copy raised 'math domain error')."""
+    target = tiny_setup(DEVICE).target
+    dead = PositionScores(-math.inf, ((3, -math.inf), (0, -math.inf)))
+    assert position_pit(dead, 3, Policy(), torch.Generator().manual_seed(0)) == (MISSING, None)
+
+    def scored(token: int) -> PositionScores:
+        return PositionScores(math.log(0.5), ((token, math.log(0.5)), (0, math.log(0.3))))
+
+    samples = [Sample(prompt="p", token_ids=[3, 4, 5], temperature=1.0, prompt_ids=[1, 2], scores=[dead] * 3) for _ in range(20)]
+    samples[0].scores = [scored(3), scored(4), scored(5)]
+    result = audit_scored_samples(samples, target=target)
+    assert result.score_check["positions"] == 3 and result.tokens == 3  # the one generation with usable scores
+
+
 class _Fake(BaseHTTPRequestHandler):
     """vLLM's /v1/completions (generation; scoring with prompt_logprobs) and /tokenize, and SGLang's /generate."""
 
