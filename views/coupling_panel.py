@@ -12,7 +12,7 @@ from diagnostics.charts import token_strip_html
 from diagnostics.coupling import CouplingError, couple, is_lossless, partner_rule, plan_coupling, why_they_part
 from diagnostics.engine import EngineError
 from diagnostics.inspection import target_spec
-from diagnostics.models import ModelError, parse_draft
+from diagnostics.models import ModelError, is_plain_draft, parse_draft
 from diagnostics.rules import RuleError
 from diagnostics.store import Store, StoreError
 from views.common import Launch, decoder, literal, md, run_drafter, run_link, show_error, try_model
@@ -122,7 +122,7 @@ def lossy_rule_picker(store: Store, run: dict[str, Any], models_allowed: bool) -
 def _drafter(run: dict[str, Any], target: Any) -> Any:
     """The run's drafter as ``record_run`` takes it: an n-gram spec, a loaded model or head, or ``None``."""
     draft = str(run.get("draft") or "")
-    if not draft or draft.lower().startswith(("none", "plain")):
+    if is_plain_draft(draft):
         return None
     parsed = parse_draft(draft)
     return parsed.spec if parsed.kind == "ngram" else run_drafter(run, target)
