@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from diagnostics.comparison import references
+from diagnostics.comparison import positions_divergence, references
 from diagnostics.divergence import divergence_reason
 from diagnostics.engine import EngineError, PositionRecord
 from diagnostics.inspection import as_list
@@ -264,11 +264,7 @@ def _divergence_of(row: dict[str, Any]) -> int | None:
 def stored_divergence(store: Store, reference_id: str, other_id: str) -> int | None:
     """First position where two stored coupled runs decide differently (kind or token), as
     ``runner.first_divergence`` reads two runs; the shorter length when one ends first; ``None`` if never."""
-    left, right = store.positions(reference_id), store.positions(other_id)
-    for a, b in zip(left[["position", "kind", "token"]].itertuples(index=False), right[["kind", "token"]].itertuples(index=False)):
-        if a.kind != b.kind or int(a.token) != int(b.token):
-            return int(a.position)
-    return min(len(left), len(right)) if len(left) != len(right) else None
+    return positions_divergence(store.positions(reference_id), store.positions(other_id))
 
 
 def why_they_part(store: Store, reference_id: str, other_id: str, divergence: int | None,

@@ -7,13 +7,13 @@ from __future__ import annotations
 from typing import Any
 
 from diagnostics.heads.layout import load_head
-from diagnostics.models import LoadedModel, check_vocabularies, early_exit_model, load_model, parse_draft
+from diagnostics.models import LoadedModel, check_vocabularies, early_exit_model, is_plain_draft, load_model, parse_draft
 
 
 def load_draft(spec: str | None, target: LoadedModel, *, dtype: str = "float32", trust_remote_code: bool = False) -> Any:
     """Resolve a ``--draft`` value once: a loaded model (``model:``, ``early-exit:``), a loaded head
     (``eagle3:``, ``medusa:``), an n-gram spec, or ``None``."""
-    if spec is None or spec.strip().lower() in ("", "none", "plain"):
+    if is_plain_draft(spec):
         return None
     parsed = parse_draft(spec)
     if parsed.kind == "ngram":

@@ -292,6 +292,17 @@ def device_label(target: Any, draft: Any = None) -> str | None:
     return label if other is None or other == label else f"{label}; draft {other}"
 
 
+PLAIN_DRAFT = "none (plain decoding)"  # the draft a run recorded without a drafter stores
+
+
+def is_plain_draft(spec: str | None) -> bool:
+    """Whether a ``--draft`` value or a stored run's draft means plain decoding (no drafter): missing,
+    blank, ``none`` or ``plain`` (any case), or a stored label such as ``PLAIN_DRAFT``. A drafter
+    spec is ``KIND:VALUE`` (``parse_draft``), so none reads as plain; "nonesuch" is not plain."""
+    text = (spec or "").strip().lower()
+    return text in ("", "none", "plain") or text.startswith(("none (", "plain ("))
+
+
 def parse_draft(spec: str) -> DraftSpec:
     """Parse ``model:ID_OR_PATH``, ``early-exit:LAYER``, ``ngram:N``, ``eagle3:PATH_OR_ID`` or ``medusa:PATH_OR_ID``."""
     kind, _, value = spec.strip().partition(":")

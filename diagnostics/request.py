@@ -14,7 +14,7 @@ from typing import Any
 from diagnostics import untrusted_json
 from diagnostics.engine import EngineError, check_draft_stop, check_numbers, check_tree_settings, tree_spec_or_error
 from diagnostics.engine.tree_draft import TreeSpec, spec_from_text
-from diagnostics.models import parse_draft
+from diagnostics.models import is_plain_draft, parse_draft
 from diagnostics.policy import Policy
 from diagnostics.rules import get_rule
 
@@ -55,7 +55,7 @@ class RunRequest:
         valid UTF-8, γ, the token budget, the seed and the recorded top-k in range, and a tree
         shape the rule and drafter can take."""
         rule = get_rule(self.rule)
-        drafted = self.draft is not None and self.draft.strip().lower() not in ("", "none", "plain")
+        drafted = not is_plain_draft(self.draft)
         if drafted:
             parse_draft(self.draft)
         check_prompt_text(self.prompt)
@@ -86,7 +86,7 @@ def request_from_run(run: dict[str, Any]) -> RunRequest:
     if missing:
         raise ValueError(f"run {run.get('run_id')!r} has no {missing[0]}; it cannot be replayed")
     draft = str(run.get("draft") or "").strip()
-    draft_spec = None if not draft or draft.lower().startswith(("none", "plain")) else draft
+    draft_spec = None if is_plain_draft(draft) else draft
     policy = policy_of(run.get("policy"), "policy")
     draft_policy = policy_of(run.get("draft_policy"), "draft policy") if run.get("draft_policy") else policy
     try:

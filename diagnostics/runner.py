@@ -17,7 +17,7 @@ from diagnostics.engine import (
     check_settings,
     generate,
 )
-from diagnostics.models import LoadedModel, device_label
+from diagnostics.models import PLAIN_DRAFT, LoadedModel, device_label
 from diagnostics.rules import get_rule
 from diagnostics.request import RunRequest, batch_key, check_prompt_text
 from diagnostics.store import RunWriter, Store, StoreError, WriterGroup
@@ -61,7 +61,7 @@ def run_fields(request: RunRequest, target_name: str, prompt_ids: list[int], gro
     spec = request.tree_spec
     return {
         "target": target_name,
-        "draft": request.draft or "none (plain decoding)",
+        "draft": request.draft or PLAIN_DRAFT,
         "rule": rule.spec,
         "rule_name": rule.name,
         "rule_params": rule.params,

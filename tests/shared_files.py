@@ -173,6 +173,8 @@ DEFECTS: list[tuple[str, list[str], str]] = [
     ("NULL prompt ids", ["UPDATE runs SET prompt_ids = NULL"], "renders"),
     ("unknown rule spec", ["UPDATE runs SET rule = 'magic:3'"], "refused: a run has the unknown rule spec 'magic:3'"),
     ("unknown drafter", ["UPDATE runs SET draft = 'telepathy:9'"], "refused: a run has the unknown drafter 'telepathy:9'"),
+    ("drafter that only begins with none", ["UPDATE runs SET draft = 'nonesuch'"],  # not plain (is_plain_draft): replay would fail
+     "refused: a run has the unknown drafter 'nonesuch'"),
     ("unknown status", ["UPDATE runs SET status = 'exploded'"], "refused: has an unknown status 'exploded'"),
     ("evidence not JSON", ["UPDATE audits SET evidence = 'not json {'"], "refused: is not a JSON object"),
     ("evidence without positions", ["UPDATE audits SET evidence = json_object('layer', 'recorded', 'verdict', 'pass')::VARCHAR"],

@@ -222,6 +222,20 @@ def test_a_run_naming_another_model_asks_before_loading_it(populated, tiny_folde
     common.cached_model.clear()
 
 
+def test_inspect_plans_the_coupling_once_per_rerun(populated, monkeypatch) -> None:
+    """On an ungrouped lossy run, the first-divergence button's state and its tooltip come from one
+    ``plan_coupling`` (counted through ``_check_status``, which each plan calls once)."""
+    import diagnostics.coupling
+
+    plans: list[str] = []
+    check = diagnostics.coupling._check_status
+    monkeypatch.setattr(diagnostics.coupling, "_check_status", lambda run: plans.append(run["run_id"]) or check(run))
+    at = _open(query={"run": populated["run_id"]})
+    button = next(button for button in at.button if button.key == "jump_first divergence")
+    assert not button.disabled and "Finds the stored coupled lossless run" in button.help
+    assert plans == [populated["run_id"]]
+
+
 @pytest.mark.parametrize("pos", ["²", "-1", "1e3", "99999999999", "3 "])
 def test_a_position_in_the_link_that_is_not_a_position_is_ignored(populated, pos: str) -> None:
     """'²'.isdigit() is true and int('²') raises: only ASCII digits in range select a position."""

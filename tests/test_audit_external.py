@@ -227,3 +227,14 @@ def test_settings_read_as_words_not_python() -> None:
                               "speculation": ["off", "on"], "flag": True})
     assert line == "declared temperature 1, top k 20, top p –, min p – · speculation off, on · flag on"
     assert "False" not in readable_settings({"speculative": False}) and "None" not in readable_settings({"x": None})
+
+
+def test_summary_line_shows_an_absent_number_as_a_dash() -> None:
+    """One renderer for numbers (``reporting.number``): an absent p or detectable TV reads "–", as in the tables."""
+    engine = {"layer": "engine", "verdict": "inconclusive", "implementation": "ours", "tokens": 0, "generations": 3,
+              "p_value": None, "detectable_tv": None, "reasons": []}
+    assert "pooled PIT p = – · detects PIT-law TV ≥ – ·" in summary_line(engine)
+    external = {"layer": "external", "verdict": "pass", "implementation": "external", "tokens": 1200, "generations": 100,
+                "prompts": 2, "p_value": 0.5, "detectable_tv": 0.04, "distortion": 0.01, "distortion_low": None,
+                "distortion_high": 0.03, "reasons": []}
+    assert "p = 0.5 · detects TV ≥ 0.040 · distortion 0.010 [–, 0.030]" in summary_line(external)

@@ -128,6 +128,23 @@ def test_text_only_lines_are_retokenised_and_miscounted_ones_left_out() -> None:
     assert samples[2].token_ids == [7] and samples[2].ids_source is None  # the engine's own ids are kept
 
 
+def test_a_sampled_eos_is_put_back_alike_by_the_collector_and_retokenize() -> None:
+    """One rule (``samples.continuation_ids`` then ``with_sampled_eos``) for an answer's text and a
+    text-only line: a stop that counted one token more than its text shows ends with the EOS id."""
+    from diagnostics.audit.collect import Sampling, sample_from_answer
+
+    for finish, count, expected in (("stop", 3, [3, 4, 11]), ("stop", 2, [3, 4]), ("length", 3, [3, 4]), ("stop", None, [3, 4])):
+        answer = {"choices": [{"text": " w3 w4", "finish_reason": finish}]}
+        if count is not None:
+            answer["usage"] = {"completion_tokens": count}
+        collected = sample_from_answer(answer, "w1 w2", Sampling(max_tokens=8), 0, "vllm", None, _word_tokenize, [1, 2], 11)
+        line = Sample(prompt="w1 w2", token_ids=[], temperature=1.0, text=" w3 w4", finish_reason=finish,
+                      completion_tokens=count, where="f line 1")
+        assert retokenize([line], _word_tokenize, eos_id=11) == 1
+        assert collected.token_ids == line.token_ids == expected, (finish, count)
+        assert collected.ids_source == line.ids_source == "retokenized"
+
+
 def test_text_only_file_needs_target_and_is_audited_with_its_tokenizer(tmp_path: Path, tiny_folder: str, capsys) -> None:
     lines = [json.dumps({"prompt": "w1 w2", "text": " w3 w4 w5", "token_ids": [], "temperature": 1.0})] * 20
     lines.append(json.dumps({"prompt": "w1 w2", "text": " w3", "completion_tokens": 2, "temperature": 1.0}))
@@ -230,6 +247,23 @@ def test_max_tokens_is_the_limit_and_overshoot_is_said() -> None:
     # A real difference of law still fails with the limit declared.
     shorter = two_sample_audit(_overshooting(600, 3, True, stop=0.3), plain)
     assert shorter.verdict == "fail", shorter.reasons
+
+
+def test_two_samples_of_empty_generations_give_a_result(tmp_path) -> None:
+    """No line declares max_tokens and every generation is empty: the limit is 0 and no path has a
+    symbol, so nothing is compared (was an IndexError at depth 0); a group beside it is still tested."""
+    empty = [_line(prompt="e", token_ids=[], seed=i) for i in range(30)]
+    spec = load_samples(_file(tmp_path, "a.jsonl", empty))
+    base = load_samples(_file(tmp_path, "b.jsonl", [_line(prompt="e", token_ids=[], seed=100 + i) for i in range(30)]))
+    result = two_sample_audit(spec, base)
+    assert result.verdict == "inconclusive" and result.tokens == 0 and result.positions == []
+    assert any("30 generations of sample A against 30 of sample B, 1 prompts, 0 contexts tested" in reason
+               for reason in result.reasons), result.reasons
+    spec = load_samples(_file(tmp_path, "c.jsonl", empty + [_line(token_ids=[3], seed=200 + i) for i in range(30)]))
+    base = load_samples(_file(tmp_path, "d.jsonl", [_line(prompt="e", token_ids=[], seed=300 + i) for i in range(30)]
+                              + [_line(token_ids=[4], seed=400 + i) for i in range(30)]))
+    mixed = two_sample_audit(spec, base)
+    assert mixed.verdict == "fail" and [test.position for test in mixed.positions] == [0]
 
 
 def test_two_sample_wording_says_what_was_tested() -> None:

@@ -91,6 +91,21 @@ def test_a_stored_lossless_run_is_found_only_when_it_is_coupled(tmp_path: Path, 
     assert coupling.divergence == stored_divergence(store, lossless, lossy)
 
 
+def test_stored_divergence_reads_an_empty_token_as_the_comparison_does(tmp_path: Path, target) -> None:
+    """A position whose token a file left empty (NULL) is compared as the Compare page compares it
+    (``comparison.positions_divergence``), not an error: empty on both sides agrees, on one side parts."""
+    store = Store(tmp_path / "runs.duckdb")
+    lossless, _ = record_run(store, target, "ngram:2", RunRequest(rule="lossless", seed=0, **BASE))
+    same, _ = record_run(store, target, "ngram:2", RunRequest(rule="lossless", seed=0, **BASE))
+    assert stored_divergence(store, lossless, same) is None
+    with store.connect() as con:
+        con.execute("UPDATE positions SET token = NULL WHERE position = 2 AND run_id IN (?, ?)", [lossless, same])
+    assert stored_divergence(store, lossless, same) is None
+    with store.connect() as con:
+        con.execute("UPDATE positions SET token = NULL WHERE position = 1 AND run_id = ?", [same])
+    assert stored_divergence(store, lossless, same) == 1
+
+
 def test_a_lossless_run_gets_the_lossy_rule_the_user_picks_and_bad_rules_are_one_line(tmp_path: Path, target) -> None:
     store = Store(tmp_path / "runs.duckdb")
     lossless, _ = record_run(store, target, "ngram:2", RunRequest(rule="lossless", seed=3, **BASE))

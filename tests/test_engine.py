@@ -199,6 +199,26 @@ def test_draft_with_another_vocabulary_is_refused(target) -> None:
         generate(target, "medusa-heads:3", PROMPT, max_new_tokens=2)
 
 
+def test_one_test_says_which_drafts_mean_plain_decoding() -> None:
+    """``is_plain_draft`` for typed values and stored labels alike: what a run stores without a
+    drafter reads back as plain everywhere (loading, validating, replaying, a shared file's check)."""
+    from diagnostics.drafts import load_draft
+    from diagnostics.models import PLAIN_DRAFT, is_plain_draft
+    from diagnostics.request import RunRequest, request_from_run
+
+    for plain in (None, "", "  ", "none", "None", "plain", " PLAIN ", PLAIN_DRAFT, "plain (no drafter)"):
+        assert is_plain_draft(plain), plain
+    for drafted in ("ngram:2", "model:none", "early-exit:1", "nonesuch", "plainly", "none:3"):
+        assert not is_plain_draft(drafted), drafted
+    loaded = type("Loaded", (), {"device": DEVICE})()
+    assert load_draft(PLAIN_DRAFT, loaded) is None and load_draft("Plain", loaded) is None
+    RunRequest(prompt="w1", rule="lossless", draft=PLAIN_DRAFT).validate()  # no drafter to parse
+    with pytest.raises(ModelError, match="unknown drafter 'nonesuch'"):
+        RunRequest(prompt="w1", rule="lossless", draft="nonesuch").validate()
+    stored = {"prompt": "w1", "rule": "lossless", "seed": 0, "max_new_tokens": 4, "draft": PLAIN_DRAFT}
+    assert request_from_run(stored).draft is None and request_from_run({**stored, "draft": "ngram:2"}).draft == "ngram:2"
+
+
 def test_tiny_lm_cache_path_matches_cache_free_forward() -> None:
     """The fast test model gives the same logits with and without its KV cache (the engine's slot store)."""
     from diagnostics.engine.forward import Forward, ModuleStage, full_stage

@@ -131,6 +131,8 @@ CASES: dict[str, tuple[str, Callable[[Path], None], str]] = {
     "medusa pickle that runs code": ("medusa", _pickled("medusa_lm_head.pt", _code), "with torch's weights-only loader"),
     "medusa pickled list": ("medusa", _pickled("medusa_lm_head.pt", lambda state, folder: list(state.values())),
                             "not a flat mapping of tensor names to tensors"),
+    "medusa pickled None": ("medusa", _pickled("medusa_lm_head.pt", lambda state, folder: None),
+                            "not a flat mapping of tensor names to tensors"),
     "medusa not safetensors": ("medusa", _garbage, "not a safetensors file"),
     "medusa 70,000 tensors": ("medusa", _tensors(lambda state: state.update({f"t{i}": torch.zeros(1) for i in range(70_000)})),
                               "holds 70,012 tensors; a head has at most 65,536"),

@@ -21,7 +21,7 @@ from devices import DEVICE
 
 from diagnostics.audit.engine_level import _uniformity, randomized_pits
 from diagnostics.audit.external import audit_scored_samples
-from diagnostics.audit.samples import SamplesError, load_samples
+from diagnostics.audit.samples import Sample, SamplesError, load_samples
 from diagnostics.audit.server_scores import IMPOSSIBLE, MISSING, OK, PositionScores, position_pit
 from diagnostics.audit.suite import tiny_setup
 from diagnostics.cli import main
@@ -101,6 +101,39 @@ def test_placeholders_and_impossible_tokens() -> None:
     assert position_pit(top, 1, Policy(temperature=0.0), generator)[0] == OK
     assert position_pit(top, 2, Policy(temperature=0.0), generator)[0] == IMPOSSIBLE
     assert position_pit(top, 1, Policy(temperature=0.8, top_k=5), generator)[0] == MISSING  # fewer than top-k returned
+
+
+def test_an_id_outside_the_targets_vocabulary_is_a_one_line_error_in_the_cross_check() -> None:
+    """Cross-checking the scores against ``target`` forwards the ids: one beyond its 12 ids is refused by name first."""
+    target = tiny_setup(DEVICE).target
+
+    def scored(token: int) -> PositionScores:
+        return PositionScores(math.log(0.5), ((token, math.log(0.5)), (0, math.log(0.3))))
+
+    samples = [Sample(prompt="p", token_ids=[3, 4, 5], temperature=1.0, prompt_ids=[1, 2],
+                      scores=[scored(3), scored(4), scored(5)], where=f"s.jsonl line {line + 1}") for line in range(20)]
+    samples[7].token_ids, samples[7].scores = [3, 40, 5], [scored(3), scored(40), scored(5)]
+    with pytest.raises(SamplesError, match=r"s.jsonl line 8: token_ids holds the id 40, outside the target's vocabulary of 12"):
+        audit_scored_samples(samples, target=target)
+    samples[7].token_ids, samples[7].prompt_ids = [3, 4, 5], [1, 99]
+    with pytest.raises(SamplesError, match="prompt_ids holds the id 99"):
+        audit_scored_samples(samples, target=target)
+
+
+def test_scores_all_minus_infinity_are_missing_to_the_audit_and_its_cross_check() -> None:
+    """One predicate (``usable_scores``) for the PIT and the cross-check: a position whose listed
+    log-probs are all -inf is left out by both (the cross-check's copy raised 'math domain error')."""
+    target = tiny_setup(DEVICE).target
+    dead = PositionScores(-math.inf, ((3, -math.inf), (0, -math.inf)))
+    assert position_pit(dead, 3, Policy(), torch.Generator().manual_seed(0)) == (MISSING, None)
+
+    def scored(token: int) -> PositionScores:
+        return PositionScores(math.log(0.5), ((token, math.log(0.5)), (0, math.log(0.3))))
+
+    samples = [Sample(prompt="p", token_ids=[3, 4, 5], temperature=1.0, prompt_ids=[1, 2], scores=[dead] * 3) for _ in range(20)]
+    samples[0].scores = [scored(3), scored(4), scored(5)]
+    result = audit_scored_samples(samples, target=target)
+    assert result.score_check["positions"] == 3 and result.tokens == 3  # the one generation with usable scores
 
 
 class _Fake(BaseHTTPRequestHandler):

@@ -4,7 +4,7 @@ over with ``ask_to_couple``; Inspect does the work, so there is one path."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import streamlit as st
 
@@ -12,7 +12,7 @@ from diagnostics.charts import token_strip_html
 from diagnostics.coupling import CouplingError, couple, is_lossless, partner_rule, plan_coupling, why_they_part
 from diagnostics.engine import EngineError
 from diagnostics.inspection import target_spec
-from diagnostics.models import ModelError, parse_draft
+from diagnostics.models import ModelError, is_plain_draft, parse_draft
 from diagnostics.rules import RuleError
 from diagnostics.store import Store, StoreError
 from views.common import Launch, decoder, literal, md, run_drafter, run_link, show_error, try_model
@@ -33,23 +33,31 @@ def ask_to_couple(run_id: str, rule: str | None = None) -> None:
     st.switch_page("views/inspect.py", query_params={"run": run_id})
 
 
-def offer(store: Store, run: dict[str, Any], models_allowed: bool = True) -> str | None:
-    """Why the lossless run cannot be found or recorded beside this lossy run now (``None``: it can)."""
+class Offer(NamedTuple):
+    """Whether the lossless run can be found or recorded beside a lossy run now, from one ``plan_coupling``."""
+
+    reason: str | None  # why it cannot (``None``: it can)
+    partner_id: str | None = None  # the stored coupled run it would find (``None``: it would record one)
+
+
+def offer(store: Store, run: dict[str, Any], models_allowed: bool = True) -> Offer:
+    """Why the lossless run cannot be found or recorded beside this lossy run now (``reason`` ``None``:
+    it can), and the stored partner it would find."""
     if is_lossless_run(run):
-        return "This run is lossless: type a lossy rule below and run it beside this one."
+        return Offer("This run is lossless: type a lossy rule below and run it beside this one.")
     try:
         plan = plan_coupling(store, run["run_id"])
     except CouplingError as error:
-        return str(error)
+        return Offer(str(error))
     if plan.linked:
-        return (f"It never leaves its coupled lossless run {plan.partner_id}: the two are identical over all "
-                f"{int(run.get('n_tokens') or 0)} positions.")
+        return Offer(f"It never leaves its coupled lossless run {plan.partner_id}: the two are identical over all "
+                     f"{int(run.get('n_tokens') or 0)} positions.", plan.partner_id)
     if plan.partner_id is None:
         if not models_allowed:
-            return "Load the run's models first (the button above): the coupled lossless run is recorded on them."
+            return Offer("Load the run's models first (the button above): the coupled lossless run is recorded on them.")
         if try_model(target_spec(run)) is None:
-            return f"The target {target_spec(run)} is not on this machine: the coupled lossless run cannot be recorded."
-    return None
+            return Offer(f"The target {target_spec(run)} is not on this machine: the coupled lossless run cannot be recorded.")
+    return Offer(None, plan.partner_id)
 
 
 def is_lossless_run(run: dict[str, Any]) -> bool:
@@ -73,12 +81,10 @@ def first_divergence_button(column, store: Store, run: dict[str, Any], divergenc
         column.button("⇥ first divergence", key=key, disabled=True, use_container_width=True,
                       help=f"The coupled runs part at position {int(divergence)}, where this run ended: nothing to jump to.")
         return False
-    reason = offer(store, run, models_allowed)
+    reason, partner_id = offer(store, run, models_allowed)
     if reason is None:
-        plan = plan_coupling(store, run["run_id"])
-        found = plan.partner_id is not None
-        tip = (f"Finds the stored coupled lossless run {plan.partner_id}, links the two as a group and jumps to where they "
-               "part, with why." if found else RECORD_HELP)
+        tip = (f"Finds the stored coupled lossless run {partner_id}, links the two as a group and jumps to where they "
+               "part, with why." if partner_id is not None else RECORD_HELP)
         return column.button("⇥ first divergence", key=key, use_container_width=True, help=literal(tip))
     column.button("⇥ first divergence", key=key, disabled=True, use_container_width=True, help=literal(reason))
     return False
@@ -116,7 +122,7 @@ def lossy_rule_picker(store: Store, run: dict[str, Any], models_allowed: bool) -
 def _drafter(run: dict[str, Any], target: Any) -> Any:
     """The run's drafter as ``record_run`` takes it: an n-gram spec, a loaded model or head, or ``None``."""
     draft = str(run.get("draft") or "")
-    if not draft or draft.lower().startswith(("none", "plain")):
+    if is_plain_draft(draft):
         return None
     parsed = parse_draft(draft)
     return parsed.spec if parsed.kind == "ngram" else run_drafter(run, target)

@@ -44,7 +44,7 @@ def next_step(store: Store, run_id: str) -> None:
     if is_lossless_run(run):
         st.caption("A lossless run: on Inspect, type a lossy rule and run it beside this run to see where it leaves it.")
         return
-    reason = offer(store, run)
+    reason = offer(store, run).reason
     if st.button("Where does it leave the lossless run?", key="run_couple", disabled=reason is not None,
                  help=literal(reason or "Opens Inspect, runs (or finds, if stored) the lossless run with the same prompt, seed, "
                                         "models, shape, policy and budget, and jumps to the first position where they part.")):

@@ -51,7 +51,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
-from diagnostics.audit.samples import MAX_FILE_BYTES, MAX_SAMPLES, MAX_TOKENS, MAX_TOP, Sample, SamplesError, parse_sample
+from diagnostics.audit.samples import (MAX_FILE_BYTES, MAX_SAMPLES, MAX_TOKENS, MAX_TOP, Sample, SamplesError, continuation_ids,
+                                        parse_sample, with_sampled_eos)
 from diagnostics.audit.server_scores import SCORE_APIS, score_request, scores_from_sglang, scores_from_vllm
 from diagnostics.untrusted_json import UntrustedJSONError, loads
 
@@ -357,16 +358,6 @@ def _choice(answer: dict[str, Any]) -> dict[str, Any]:
     return choices[0]
 
 
-def _continuation_ids(prompt: str, text: str, tokenize: Callable[[str], list[int]], prompt_ids: list[int]) -> list[int]:
-    """The generated text's ids after the prompt's (its own ids when the joint split differs at the seam)."""
-    joint = tokenize(prompt + text)
-    if joint[: len(prompt_ids)] == prompt_ids:
-        return joint[len(prompt_ids):]
-    alone = tokenize(text)
-    # A text tokenised alone may gain a leading BOS the prompt already has.
-    return alone[1:] if prompt_ids and alone[:1] == prompt_ids[:1] else alone
-
-
 def _usage_count(answer: dict[str, Any]) -> int | None:
     """``usage.completion_tokens`` when it is a whole number >= 0 (else unknown)."""
     usage = answer.get("usage")
@@ -422,9 +413,7 @@ def sample_from_answer(answer: dict[str, Any], prompt: str, sampling: Sampling, 
                             f"is wrong (not a tokenisation difference), so its answers cannot be checked (seed {seed})")
     source = "engine"
     if not engine_ids:
-        ids, source = _continuation_ids(prompt, text, tokenize, prompt_ids), "retokenized"
-        if finish == "stop" and eos_id is not None and reported == len(ids) + 1:
-            ids = ids + [eos_id]  # the EOS the engine sampled (its text is empty)
+        ids, source = with_sampled_eos(continuation_ids(prompt, text, tokenize, prompt_ids), finish, reported, eos_id), "retokenized"
     line = {"prompt": prompt, "token_ids": ids[:MAX_TOKENS], "max_tokens": sampling.max_tokens,
             "temperature": sampling.temperature, "top_k": sampling.top_k,
             "top_p": sampling.top_p, "min_p": sampling.min_p, "text": text[:200_000], "prompt_ids": prompt_ids or None,

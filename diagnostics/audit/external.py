@@ -362,6 +362,9 @@ def audit_scored_samples(samples: list[Sample], *, level: float = 0.01, detect_t
         result.notes.append(TRUST_CAVEAT)
         return result
     cache: dict[str, list[int]] = {}
+    scored_samples = [sample for sample in samples if sample.scores is not None]  # the cross-check's candidates
+    _check_vocabulary(target, scored_samples,
+                      [(_prompt_ids(target, sample, cache)[0], list(sample.token_ids)) for sample in scored_samples])
     check = cross_check(samples, target, lambda sample: _prompt_ids(target, sample, cache)[0],
                         tolerance=SCORE_TOLERANCE if score_tolerance is None else score_tolerance)
     result.score_check = asdict(check)

@@ -17,10 +17,6 @@ def json_safe(value: Any) -> Any:
     return value
 
 
-def _number(value: Any, fmt: str = ".3g") -> str:
-    return "n/a" if value is None else format(value, fmt)
-
-
 def number(value: object, spec: str = ".3g") -> str:
     """A stored number for reading ("–" when absent or not a number: evidence may come from a file)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -56,29 +52,29 @@ def summary_line(result: dict[str, Any]) -> str:
     if layer == "rule":
         worst = min(result["pairs"], key=lambda pair: pair["adjusted_p"] if pair["adjusted_p"] is not None else 0.0)
         return (f"rule · {result['implementation']} vs {result['reference']} · {verdict} · worst pair '{worst['label']}': "
-                f"adjusted p = {_number(worst['adjusted_p'])}, observed TV = {_number(worst['observed_tv'], '.4f')} · "
-                f"{result['n_per_pair']:,} steps × {len(result['pairs'])} pairs · detects TV ≥ {_number(result['max_detectable_tv'], '.3f')}")
+                f"adjusted p = {number(worst['adjusted_p'])}, observed TV = {number(worst['observed_tv'], '.4f')} · "
+                f"{result['n_per_pair']:,} steps × {len(result['pairs'])} pairs · detects TV ≥ {number(result['max_detectable_tv'], '.3f')}")
     if layer == "engine":
         reasons = "; ".join(result.get("reasons") or []) or "PIT uniform at every tested position"
         return (f"engine · {result['implementation']} · {verdict} · {result['tokens']:,} tokens from {result['generations']} "
-                f"generations · pooled PIT p = {_number(result['p_value'])} · detects PIT-law TV ≥ {_number(result['detectable_tv'], '.3f')} · {reasons}")
+                f"generations · pooled PIT p = {number(result['p_value'])} · detects PIT-law TV ≥ {number(result['detectable_tv'], '.3f')} · {reasons}")
     if layer == "recorded":
         difference = result.get("max_p_difference")
         return (f"recorded · run {result['run_id']} · {verdict} · {result['positions']} positions · {len(result['flags'])} flags · "
-                f"acceptance z = {_number(result.get('acceptance_z'), '.2f')} · max |p recorded − p recomputed| = "
-                f"{_number(difference, '.2g') if difference is not None else 'not recomputed (model not available locally)'}")
+                f"acceptance z = {number(result.get('acceptance_z'), '.2f')} · max |p recorded − p recomputed| = "
+                f"{number(difference, '.2g') if difference is not None else 'not recomputed (model not available locally)'}")
     if layer == "external":
         reasons = "; ".join(result.get("reasons") or []) or "PIT uniform at every tested position"
         distortion = result.get("distortion")
         estimate = ("" if distortion is None else
-                    f" · distortion {distortion:.3f} [{_number(result.get('distortion_low'), '.3f')}, {_number(result.get('distortion_high'), '.3f')}]")
+                    f" · distortion {distortion:.3f} [{number(result.get('distortion_low'), '.3f')}, {number(result.get('distortion_high'), '.3f')}]")
         if result.get("rests_on"):  # --oracle server: the verdict is only as honest as the server's scores
             checked = result.get("score_check") or {}
             verdict += (f" (rests on the server's scores; cross-checked against --target at {checked['positions']} positions)"
                         if checked.get("positions") else " (rests on the server's scores being true, unchecked)")
         return (f"external · {result['implementation']} · {verdict} · {result['tokens']:,} tokens from {result['generations']} "
-                f"generations of {result['prompts']} prompts · p = {_number(result['p_value'])} · detects TV ≥ "
-                f"{_number(result['detectable_tv'], '.3f')}{estimate} · {reasons}")
+                f"generations of {result['prompts']} prompts · p = {number(result['p_value'])} · detects TV ≥ "
+                f"{number(result['detectable_tv'], '.3f')}{estimate} · {reasons}")
     return f"{layer} · {verdict}"
 
 

@@ -223,12 +223,20 @@ def has_lone_surrogate(value: Any) -> bool:
 def continuation_ids(prompt: str, text: str, tokenize: Callable[[str], list[int]], prompt_ids: list[int]) -> list[int]:
     """The generated text's ids after the prompt's: the joint split's tail when its head is the
     prompt's ids, else the text tokenised alone (without a leading BOS the prompt already has).
-    The same rule as the endpoint collector's."""
+    Used by ``retokenize`` and the endpoint collector alike."""
     joint = list(tokenize(prompt + text))
     if joint[: len(prompt_ids)] == list(prompt_ids):
         return joint[len(prompt_ids):]
     alone = list(tokenize(text))
     return alone[1:] if prompt_ids and alone[:1] == list(prompt_ids[:1]) else alone
+
+
+def with_sampled_eos(ids: list[int], finish_reason: Any, completion_tokens: int | None, eos_id: int | None) -> list[int]:
+    """``ids`` (a text's, retokenised) with the EOS the engine sampled put back: it stopped (``"stop"``)
+    and counted one token more than the text shows (an EOS has no text); unchanged otherwise."""
+    if finish_reason == "stop" and eos_id is not None and completion_tokens is not None and completion_tokens == len(ids) + 1:
+        return [*ids, eos_id]
+    return ids
 
 
 def retokenize(samples: list[Sample], tokenize: Callable[[str], list[int]], eos_id: int | None = None) -> int:
@@ -247,10 +255,8 @@ def retokenize(samples: list[Sample], tokenize: Callable[[str], list[int]], eos_
             if sample.prompt not in prompts:
                 prompts[sample.prompt] = list(tokenize(sample.prompt)) if sample.prompt else []
             prompt_ids = prompts[sample.prompt]
-        ids = continuation_ids(sample.prompt, sample.text or "", tokenize, prompt_ids)
-        if (sample.finish_reason == "stop" and eos_id is not None and sample.completion_tokens is not None
-                and sample.completion_tokens == len(ids) + 1):
-            ids.append(eos_id)  # the EOS the engine sampled (its text is empty)
+        ids = with_sampled_eos(continuation_ids(sample.prompt, sample.text or "", tokenize, prompt_ids),
+                               sample.finish_reason, sample.completion_tokens, eos_id)
         if not ids:
             raise SamplesError(f"{where}: its text tokenises to no ids with the target's tokenizer: give token_ids")
         sample.token_ids = _ids(ids, "token_ids (from its text)", where, allow_empty=False)

@@ -79,17 +79,26 @@ def _pit_among(ids: list[int], logprobs: list[float], policy: Policy, token: int
     return OK, randomized_pits(law, [ordered_ids.index(token)], generator)[0]
 
 
+def usable_scores(scores: PositionScores | None) -> bool:
+    """Whether ``scores`` read as one law's top log-probabilities: the token's and a top list, no id
+    listed twice (else not a top-k list), probabilities summing to more than 0 (not all -inf) and at
+    most 1 + ``SUM_TOLERANCE`` (not placeholders such as llama.cpp's 0.0). The audit and its cross-check
+    read only these."""
+    if scores is None or scores.token_logprob is None or not scores.top:
+        return False
+    top = dict(scores.top)
+    if len(top) != len(scores.top):
+        return False
+    return bool(0 < np.exp(np.array(list(top.values()), dtype=np.float64)).sum() <= 1 + SUM_TOLERANCE)
+
+
 def position_pit(scores: PositionScores | None, token: int, policy: Policy, generator: torch.Generator) -> tuple[str, float | None]:
     """``(OK, u)``, ``(IMPOSSIBLE, None)`` (the declared law gives ``y_t`` probability 0) or
     ``(MISSING, None)`` (the scores cannot settle this position); see the module's docstring."""
-    if scores is None or scores.token_logprob is None or not scores.top:
+    if not usable_scores(scores):
         return MISSING, None
     top = dict(scores.top)
-    if len(top) != len(scores.top):
-        return MISSING, None  # an id listed twice: not a top-k list
     logprobs = np.array(list(top.values()), dtype=np.float64)
-    if not 0 < np.exp(logprobs).sum() <= 1 + SUM_TOLERANCE:
-        return MISSING, None  # placeholders (llama.cpp's 0.0) or not log-probabilities of one law
     ranked = sorted(top.items(), key=lambda item: (-item[1], item[0]))
     if policy.greedy:
         if token != ranked[0][0]:
@@ -237,13 +246,6 @@ class ScoreCheck:
                 "scores are not the target's law, so a verdict against them means nothing")
 
 
-def _checkable(scores: PositionScores | None) -> bool:
-    """Scores the audit uses (``position_pit`` leaves the rest out, so they are not checked either)."""
-    if scores is None or scores.token_logprob is None or not scores.top or len(dict(scores.top)) != len(scores.top):
-        return False
-    return math.log(sum(math.exp(lp) for _, lp in scores.top)) <= math.log1p(SUM_TOLERANCE)
-
-
 def _chosen_positions(samples: list[Sample], limit: int, seed: int = 0) -> dict[int, list[int]]:
     """Up to ``limit`` checkable positions drawn at random (seeded) from all the file's positions:
     spread over generations and positions alike (evenly spaced picks would alias with a fixed length)."""
@@ -258,7 +260,7 @@ def _chosen_positions(samples: list[Sample], limit: int, seed: int = 0) -> dict[
     for flat in np.random.default_rng(seed + 1).permutation(picks):
         index = int(np.searchsorted(ends, flat, side="right"))
         position = int(flat - (ends[index] - lengths[index]))
-        if _checkable(samples[index].scores[position]):
+        if usable_scores(samples[index].scores[position]):  # what position_pit reads
             chosen.setdefault(index, []).append(position)
             count += 1
             if count == limit:

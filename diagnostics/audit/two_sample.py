@@ -171,6 +171,8 @@ def two_sample_audit(speculative: list[Sample], baseline: list[Sample], *, level
     for key in shared:
         limit = _limit(groups_a[key] + groups_b[key])
         over_a, over_b = over_a + _over_limit(groups_a[key]), over_b + _over_limit(groups_b[key])
+        if limit == 0:  # every path is empty: no symbol to compare, not even END
+            continue
         tests.extend(_context_tests(_paths(groups_a[key], limit), _paths(groups_b[key], limit)))
     statistic = sum(test.statistic for test in tests)
     dof = sum(test.dof for test in tests)

@@ -215,7 +215,7 @@ def request_of(args: argparse.Namespace, rule: str):
 def prepare(args: argparse.Namespace, rules: list[str]):
     """Validate cheap things first, then load models and open the store."""
     from diagnostics.drafts import load_draft
-    from diagnostics.models import load_model
+    from diagnostics.models import is_plain_draft, load_model
     from diagnostics.store import Store
 
     requests = [request_of(args, rule) for rule in rules]
@@ -227,7 +227,7 @@ def prepare(args: argparse.Namespace, rules: list[str]):
         request.validate()
     if args.draft is None:
         raise ValueError("pass --draft (model:ID_OR_PATH, early-exit:LAYER, ngram:N) or --draft none for plain decoding")
-    if args.draft.strip().lower() in ("none", "plain"):
+    if is_plain_draft(args.draft):
         for request in requests:
             request.draft = None
     store = Store(args.db)

@@ -187,13 +187,15 @@ def load_pickled(path: Path) -> dict[str, torch.Tensor]:
     if size > MAX_HEAD_BYTES:
         raise ModelError(f"{path} is {size / 2**30:.1f} GiB; a head's weights are at most {MAX_HEAD_BYTES >> 30} GiB")
     state: Any = None
+    reason = ""  # why the last try failed; stays "" once one succeeds (its state may be None: a pickled None)
     for mmap in (True, False):  # files saved before torch 1.6 cannot be memory-mapped
         try:
             state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+            reason = ""
             break
         except Exception as error:  # noqa: BLE001 - any refusal of the weights-only unpickler is one line
             reason = str(error).splitlines()[0][:160] if str(error) else error.__class__.__name__
-    if state is None:
+    if reason:
         raise ModelError(f"cannot read {path} with torch's weights-only loader ({reason}): "
                          "not a checkpoint of plain tensors; convert it to safetensors where you trust it")
     if not isinstance(state, dict) or len(state) > MAX_TENSORS \

@@ -25,10 +25,6 @@ def now() -> datetime:
     return datetime.now(timezone.utc).replace(tzinfo=None)  # stored as UTC
 
 
-def _writer_tag() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
 def writer_tag() -> str:
     """``host:pid`` of this process, stored with the runs it writes (to find them when it dies)."""
     return f"{socket.gethostname()}:{os.getpid()}"

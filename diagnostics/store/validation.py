@@ -136,7 +136,7 @@ def _json_object(text: str | None, where: str = "the JSON") -> dict | None:
 
 def _run_values_problem(con: duckdb.DuckDBPyConnection) -> str | None:
     """Rule specs, drafters and policies parse; JSON columns hold objects."""
-    from diagnostics.models import ModelError, parse_draft
+    from diagnostics.models import ModelError, is_plain_draft, parse_draft
     from diagnostics.policy import Policy, PolicyError
     from diagnostics.rules import RuleError, get_rule
 
@@ -146,7 +146,7 @@ def _run_values_problem(con: duckdb.DuckDBPyConnection) -> str | None:
         except RuleError:
             return f"a run has the unknown rule spec {rule[:60]!r}"
     for (draft,) in con.execute("SELECT DISTINCT draft FROM runs WHERE draft IS NOT NULL").fetchall():
-        if draft.startswith("none"):
+        if is_plain_draft(draft):
             continue
         try:
             parse_draft(draft)
