@@ -284,7 +284,7 @@ def _tree_or_chain_step(store: Store, run: dict[str, Any], record: dict[str, Any
 
 
 def build_report(store: Store, run_ids: list[str], audit_ids: list[str] | None = None, sweep_ids: list[str] | None = None,
-                 cost: float | None = None) -> str:
+                 cost: float | None = None, verdicts: dict | None = None) -> str:
     """HTML text of the report for ``run_ids`` (one run, or a coupled group in order), with the
     stored audits of those runs, the audits ``audit_ids`` and the sweeps ``sweep_ids`` (their
     figures at draft/target cost ratio ``cost``). Every member of a compared group one of the
@@ -293,8 +293,8 @@ def build_report(store: Store, run_ids: list[str], audit_ids: list[str] | None =
     store's file, named by ``shared_db_name`` (nothing of this machine in the report)."""
     audit_ids = list(audit_ids or [])
     sweep_ids = list(sweep_ids or [])
-    if not run_ids and not audit_ids and not sweep_ids:
-        raise StoreError("give at least one run id, audit id or sweep id")
+    if not run_ids and not audit_ids and not sweep_ids and not verdicts:
+        raise StoreError("give at least one run id, audit id or sweep id (or --verdicts)")
     completion = complete_groups(store, run_ids)
     run_ids = completion.run_ids
     db_name = shared_db_name(store.path)
@@ -344,6 +344,10 @@ def build_report(store: Store, run_ids: list[str], audit_ids: list[str] | None =
         sections.append('<section class="run"><h2>Losslessness audits</h2>'
                         '<p class="meta">A correct implementation fails an audit with probability at most its level (1% by default).</p>'
                         + "".join(audit_section(audit, index) for index, audit in enumerate(audits)) + "</section>")
+    if verdicts:
+        from diagnostics.verdicts.render import html_section
+
+        sections.append(html_section(verdicts))
     header_cells = "".join(f"<th title='{html.escape(help_)}'>{html.escape(name)}</th>" for name, _, help_ in SUMMARY_FIELDS)
     rows = "".join(
         f"<tr><td>{_text(run['run_id'])}</td><td>{_text(run['rule'])}</td><td>{_number(run.get('seed'))}</td>"
@@ -362,8 +366,9 @@ def build_report(store: Store, run_ids: list[str], audit_ids: list[str] | None =
 <p class="meta">Reproduce lines name the runs file {_text(db_name, content=True)}: give the path of your copy of it.
  Nothing of the sender's machine is in this report (paths are cut to their last part, URLs to their scheme).</p>"""
                if runs else "")
-    subject = f"target {machine_free(str(runs[0][0]['target']))}" if runs else (f"{len(sweep_ids)} sweep(s)" if sweep_ids else f"{len(audits)} audit(s)")
-    title = ", ".join(run["rule"] for run, _ in runs) or ("sweeps" if sweep_ids else "losslessness audits")
+    subject = (f"target {machine_free(str(runs[0][0]['target']))}" if runs else f"{len(sweep_ids)} sweep(s)" if sweep_ids
+               else f"{len(audits)} audit(s)" if audits else "verdicts on real engines")
+    title = ", ".join(run["rule"] for run, _ in runs) or ("sweeps" if sweep_ids else "losslessness audits" if audits else "verdicts")
     created = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">

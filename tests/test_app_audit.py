@@ -111,3 +111,30 @@ def test_rule_level_audit_with_real_positions_of_the_target(database) -> None:
     at.run(timeout=180)
     assert not at.exception, [e.value for e in at.exception]
     assert at.success and "on each of 8 pairs" in at.success[0].value
+
+
+def test_the_verdict_table_links_each_row_to_its_stored_audits(database, tmp_path: Path, monkeypatch) -> None:
+    """The Audit page shows ``docs/verdicts.json`` (here ``$SPECLAB_VERDICTS``): cells as data (a
+    hostile label stays text), each side linked to its stored audit when this database holds it."""
+    import json
+
+    store = Store(database)
+    audit_id = store.add_audit({"layer": "external", "verdict": "pass", "implementation": "x", "p_value": 0.5}, "pass · x")
+    side = {"verdict": "pass", "p_value": 0.5, "tokens": 10_063, "detectable_tv": 0.03, "distortion": 0.0, "distortion_low": 0.0,
+            "distortion_high": 0.01, "file": "a.jsonl", "sha256": "ab" * 32, "audit_id": audit_id}
+    row = {"engine": "e", "label": "vLLM [x](http://evil) **bold**", "version": "v 1", "policy": "t1", "verdict": "pass",
+           "settings": {"temperature": 1.0}, "on": side, "off": {**side, "audit_id": "not-here"}, "provenance": "run here", "time_s": 12}
+    table = tmp_path / "verdicts.json"
+    table.write_text(json.dumps({"rows": [row]}))
+    monkeypatch.setenv("SPECLAB_VERDICTS", str(table))
+    del store
+    at = _audit_page()
+    assert not at.exception, [e.value for e in at.exception]
+    [shown] = [frame.value for frame in at.dataframe if "detects TV ≥" in frame.value.columns]
+    assert shown["engine"].tolist() == ["vLLM [x](http://evil) **bold**"] and shown["verdict"].tolist() == ["pass"]
+    assert shown["audit (on)"].tolist() == [f"/audit?audit={audit_id}"] and shown["audit (off)"].isna().all()
+    assert shown["tokens"].tolist() == ["10,063"] and shown["time here"].tolist() == ["12 s"]
+    assert not any("evil" in element.value for element in [*at.markdown, *at.caption])
+    table.write_text('{"rows": "no"}')
+    at = _audit_page()
+    assert any("not a verdict table" in element.value for element in at.error) and table.read_text() == '{"rows": "no"}'

@@ -34,6 +34,7 @@ from diagnostics.inspection import target_spec
 from diagnostics.models import ModelError
 from diagnostics.report import build_report
 from diagnostics.rules import RuleError, get_rule
+from views.verdicts_panel import verdict_table
 from views.common import cached_model, default_target, file_name_part, literal, md, model_consent, open_store, plain, run_label, run_link, show_error, try_model
 
 LAYERS = {
@@ -338,6 +339,8 @@ with st.expander("New audit", expanded=store.list_audits().empty or st.session_s
                     _save(evidence)
     except (AuditError, RuleError, ModelError, ValueError) as error:
         show_error(error)
+
+verdict_table(store)
 
 st.subheader("Audits")
 audits = store.list_audits()

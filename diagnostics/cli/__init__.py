@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-from diagnostics.cli import audit, bench, compare, heads, report, run, sweep
+from diagnostics.cli import audit, bench, compare, heads, report, run, sweep, verdicts
 from diagnostics.cli.common import Parser, progress_wanted, silence_library_progress_bars
 
 
@@ -18,7 +18,7 @@ def build_parser() -> Parser:
     """Every command's parser, in the order ``--help`` lists them."""
     parser = Parser(prog="python -m diagnostics", description="Speculative-decoding verification lab")
     commands = parser.add_subparsers(dest="command", required=True)
-    for command in (run, compare, sweep, report, audit, bench, heads):
+    for command in (run, compare, sweep, report, audit, verdicts, bench, heads):
         command.add_parser(commands)
     return parser
 

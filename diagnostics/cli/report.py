@@ -26,7 +26,14 @@ def command_report(args: argparse.Namespace) -> int:
     if args.cost is not None and not 0 <= args.cost <= 1000:
         raise ValueError(f"--cost must be a number from 0 to 1000 (draft step / target step), got {args.cost}")
     # Built before the file is opened: no half-written report.
-    text = build_report(store, args.run_ids, args.audit, args.sweep, cost=args.cost)
+    verdicts = None
+    if args.verdicts:
+        from diagnostics.verdicts.table import load_table
+
+        verdicts = load_table(Path(args.verdicts))  # validated like any shared file
+        if not verdicts["rows"]:
+            raise ValueError(f"{args.verdicts} holds no verdicts yet: run python -m diagnostics verdicts")
+    text = build_report(store, args.run_ids, args.audit, args.sweep, cost=args.cost, verdicts=verdicts)
     try:
         output.write_text(text, encoding="utf-8")
     except OSError as error:
@@ -51,6 +58,8 @@ def add_parser(commands: Any) -> None:
     report.add_argument("--audit", action="append", default=[], metavar="AUDIT_ID", help="a stored audit to include (repeatable)")
     report.add_argument("--sweep", action="append", default=[], metavar="SWEEP_ID",
                         help="a stored sweep to include: its Pareto chart, figures with intervals and verdicts (repeatable)")
+    report.add_argument("--verdicts", nargs="?", const="docs/verdicts.json", default=None, metavar="TABLE.json",
+                        help="include the verdict table of real engines (default docs/verdicts.json)")
     report.add_argument("--cost", type=float, default=None, metavar="C",
                         help="draft/target cost ratio of one step for the sweeps' modelled speed-up "
                              "(default: the one stored with each sweep, as the CLI and the Sweeps page use; 0.5 for a sweep stored without one)")

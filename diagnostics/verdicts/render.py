@@ -1,0 +1,87 @@
+"""The verdict table for people: Markdown rows for the README (between two marker lines the
+command rewrites) and the rows the Audit page shows. Every cell that came from a file is
+untrusted: Markdown-significant characters are escaped here."""
+
+from __future__ import annotations
+
+import html
+import re
+from pathlib import Path
+from typing import Any
+
+START = "<!-- verdicts:start (written by `python -m diagnostics verdicts`; edits here are overwritten) -->"
+END = "<!-- verdicts:end -->"
+_MARKDOWN = re.compile(r"([\\`*_{}\[\]()#+!|<>~])")
+
+
+def _cell(value: Any) -> str:
+    """Untrusted text as one Markdown table cell: one line, markup characters escaped."""
+    text = " ".join(str(value).split())[:200]
+    return _MARKDOWN.sub(r"\\\1", text)
+
+
+def _figure(value: Any, spec: str = ".3g") -> str:
+    return "–" if not isinstance(value, (int, float)) or isinstance(value, bool) else format(value, spec)
+
+
+def policy_text(settings: dict[str, Any]) -> str:
+    """``temperature 1 · top-k 20`` from a row's settings (unset fields left out)."""
+    words = [f"temperature {_figure(settings.get('temperature'), 'g')}"]
+    for key, name in (("top_k", "top-k"), ("top_p", "top-p"), ("min_p", "min-p")):
+        if settings.get(key) is not None:
+            words.append(f"{name} {_figure(settings[key], 'g')}")
+    return " · ".join(words)
+
+
+def display_rows(table: dict[str, Any]) -> list[dict[str, str]]:
+    """One dict of readable cells per row (plain text, not Markdown: the page shows them as data)."""
+    out = []
+    for row in table["rows"]:
+        on, off = row["on"], row["off"]
+        interval = (f"{_figure(on.get('distortion'), '.3f')} [{_figure(on.get('distortion_low'), '.3f')}, "
+                    f"{_figure(on.get('distortion_high'), '.3f')}]")
+        out.append({
+            "engine": row["label"], "version": row["version"], "policy": policy_text(row["settings"]), "verdict": row["verdict"],
+            "p": _figure(on.get("p_value"), ".2g"), "tokens": _figure(on.get("tokens"), ","),
+            "detects TV ≥": _figure(on.get("detectable_tv"), ".3f"), "distortion [95%]": interval,
+            "control (off)": f"{off.get('verdict')} (p {_figure(off.get('p_value'), '.2g')})",
+            "evidence": f"{on.get('file') or '–'} sha256 {str(on.get('sha256') or '–')[:12]} · audit {on.get('audit_id') or '–'}",
+            "time here": f"{_figure(row.get('time_s'), '.0f')} s" if row.get("provenance") == "run here" else str(row.get("provenance")),
+        })
+    return out
+
+
+def markdown_table(table: dict[str, Any]) -> str:
+    """The table in Markdown, escaped cell by cell."""
+    rows = display_rows(table)
+    if not rows:
+        return "No verdicts yet: run `python -m diagnostics verdicts`."
+    header = list(rows[0])
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_cell(row[name]) for name in header) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def write_readme_table(readme: Path, table: dict[str, Any]) -> None:
+    """Replace what lies between the marker lines of ``readme`` with the table (refused in one line
+    when the markers are missing: the command never guesses where a table goes)."""
+    text = readme.read_text(encoding="utf-8")
+    if START not in text or END not in text or text.index(START) > text.index(END):
+        raise ValueError(f"{readme} has no verdict table markers: put the line {START!r} and below it the line {END!r} "
+                         "where the table goes")
+    head, rest = text.split(START, 1)
+    _, tail = rest.split(END, 1)
+    readme.write_text(f"{head}{START}\n{markdown_table(table)}\n{END}{tail}", encoding="utf-8")
+
+
+def html_section(table: dict[str, Any]) -> str:
+    """The table as an HTML section for a report, every cell escaped (the file may come from elsewhere)."""
+    rows = display_rows(table)
+    if not rows:
+        return ""
+    header = "".join(f"<th>{html.escape(name)}</th>" for name in rows[0])
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(cell))}</td>" for cell in row.values()) + "</tr>" for row in rows)
+    return ('<section class="run"><h2>Verdicts on real engines</h2><p class="meta">Each engine with speculation on and, as its '
+            "control, off, under the same sampling settings, audited against the target's law; a row whose control fails reads "
+            "'control failed: settings not matched'. 'detects TV ≥': the smallest distortion the sample finds at 90% power.</p>"
+            f"<table><tr>{header}</tr>{body}</table></section>")

@@ -1,0 +1,259 @@
+"""Running the verdict table: which engines run here, their jobs, and the table file they fill."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from diagnostics.policy import Policy
+from diagnostics.verdicts.engines import GAMMA, POLICIES, TRANSFORMERS_ROWS, EngineRow, ours_generator, transformers_generator, transformers_version
+from diagnostics.verdicts.table import (Job, audited_controls, load_table, run_row, save_table, scores_auditor, stored_row,
+                                        target_auditor, upsert)
+
+# Raw prompts (no chat template: every engine gets the same text): one a prompt-lookup engine
+# can draft from (it repeats itself), one it mostly cannot.
+PROMPTS = ("The cat sat on the mat. The cat sat on the mat. The cat sat on the",
+           "Once upon a time, in a small village by the sea, there lived")
+OURS = EngineRow("ours", "this lab's engine (lossless, γ = 4)", "ours", {"draft": "the assistant/draft model", "gamma": 4})
+LLAMA_CPP = EngineRow("llama-cpp-python", "llama-cpp-python server, prompt-lookup decoding", "server",
+                      {"draft_model": "prompt-lookup-decoding", "draft_model_num_pred_tokens": 4, "n_threads": 1})
+LLAMA_SERVER = EngineRow("llama-server", "llama.cpp llama-server, draft model (-md)", "llama-server",
+                         {"draft_model": "the early-exit draft as a GGUF", "draft_max": 4})
+ENDPOINT = "endpoint"
+# The control each kind of row shares (speculation off): its file's name.
+CONTROLS = {"transformers": "transformers-plain", "ours": "ours-plain", "mutant": "ours-plain", "server": "llama-cpp-python-plain",
+            "llama-server": "llama-server-plain"}
+
+
+def mutant_rows() -> list[EngineRow]:
+    """Our engine with each planted engine bug (``audit.mutants``): each row must come out ``fail``."""
+    from diagnostics.audit import BATCH_MUTANTS, ENGINE_MUTANTS
+
+    return [EngineRow(f"mutant:{name}", f"planted bug: {description}", "mutant", {"gamma": 4})
+            for name, (description, _) in {**ENGINE_MUTANTS, **BATCH_MUTANTS}.items()]
+
+
+def engine_rows() -> dict[str, EngineRow]:
+    """Every engine ``--engine`` names, mutants included."""
+    return {row.name: row for row in [*TRANSFORMERS_ROWS, OURS, LLAMA_CPP, LLAMA_SERVER, *mutant_rows()]}
+
+
+def chosen_rows(names: list[str]) -> list[EngineRow]:
+    """``--engine`` values to rows: ``all`` (every real engine here), ``transformers``, ``mutants``,
+    or names; an unknown one is refused naming the choices."""
+    rows = engine_rows()
+    real = [*TRANSFORMERS_ROWS, OURS, LLAMA_CPP, LLAMA_SERVER]
+    out: list[EngineRow] = []
+    for name in names:
+        if name == "all":
+            out += real
+        elif name == "transformers":
+            out += TRANSFORMERS_ROWS
+        elif name == "mutants":
+            out += mutant_rows()
+        elif name in rows:
+            out.append(rows[name])
+        else:
+            raise ValueError(f"unknown engine {name[:60]!r}: use all, transformers, mutants or one of {', '.join(rows)}")
+    return list({row.name: row for row in out}.values())
+
+
+@dataclass
+class Setup:
+    """The target, the early-exit draft (transformers' assistant and our draft), EOS ids, prompts."""
+
+    target: Any  # None with --oracle server: the server's scores are the oracle, its tokenizer makes the ids
+    draft: Any
+    layer: int
+    eos: set[int]
+    prompts: list[tuple[str, list[int]]]
+    gguf: Path | None  # the embedded GGUF (the llama.cpp servers' model), None for another target
+    name: str = ""  # the target as the table names it
+
+
+def load_setup(target_spec: str, layer: int | None, prompts: list[str] | None, draft_spec: str | None = None) -> Setup:
+    """The target, its draft (``draft_spec``, a model path or hub id, else the target's first
+    ``layer`` layers as a model), EOS ids and the prompts' ids (raw: no chat template)."""
+    from diagnostics.audit.suite import DEFAULT_EARLY_EXIT_LAYER
+    from diagnostics.engine import eos_ids
+    from diagnostics.models import DEFAULT_TARGET, check_vocabularies, early_exit_model, embedded_gguf_path, load_model
+    from diagnostics.runner import encode_prompt
+
+    target = load_model(target_spec)
+    layer = layer if layer is not None else max(1, min(DEFAULT_EARLY_EXIT_LAYER, target.num_layers - 1))
+    if not 1 <= layer < target.num_layers:
+        raise ValueError(f"--early-exit must lie in [1, {target.num_layers - 1}] for this target, got {layer}")
+    if draft_spec is not None:
+        draft = load_model(draft_spec)
+        check_vocabularies(target, draft)
+    else:
+        draft = early_exit_model(target, layer)
+    texts = list(prompts or PROMPTS)
+    return Setup(target, draft, layer, eos_ids(target, None),
+                 [(text, encode_prompt(target, text, raw=True)) for text in texts],
+                 embedded_gguf_path() if target_spec == DEFAULT_TARGET else None, target.name)
+
+
+def server_setup(model: str, prompts: list[str] | None) -> Setup:
+    """No local model (``--oracle server``): the server tokenizes and its scores are the oracle."""
+    return Setup(None, None, 0, set(), [(text, []) for text in (prompts or PROMPTS)], None, model)
+
+
+def policy_name(policy: Policy) -> str:
+    """A policy's short name, as ``POLICIES`` names them: ``t1``, ``t1-top-k-20``."""
+    name = f"t{policy.temperature:g}"
+    for field, value in (("top-k", policy.top_k), ("top-p", policy.top_p), ("min-p", policy.min_p)):
+        if value is not None:
+            name += f"-{field}-{value:g}"
+    return name
+
+
+def mutant_policy(row: EngineRow) -> Policy:
+    """A planted bug shows under the policy it was planted for (truncation bugs need top-k)."""
+    from diagnostics.audit import ENGINE_MUTANT_POLICY
+
+    return Policy(**ENGINE_MUTANT_POLICY.get(row.name.split(":", 1)[1], {}))
+
+
+def _generators(row: EngineRow, setup: Setup, policy: Policy, max_tokens: int) -> tuple[Any, Any, str]:
+    """Speculation on and off generators for an in-process row, and its version."""
+    if row.kind == "transformers":
+        make = lambda on: transformers_generator(row, setup.target, setup.draft, setup.layer, policy, max_tokens, setup.eos, on)  # noqa: E731
+        return make(True), make(False), transformers_version()
+    from diagnostics import __version__
+
+    seams = None
+    if row.kind == "mutant":
+        from diagnostics.audit import BATCH_MUTANTS, ENGINE_MUTANTS
+
+        seams = {**ENGINE_MUTANTS, **BATCH_MUTANTS}[row.name.split(":", 1)[1]][1]
+    make = lambda on: ours_generator(setup.target, setup.draft, policy, max_tokens, setup.eos, on, seams)  # noqa: E731
+    return make(True), make(False), f"spec-verify-lab {__version__}"
+
+
+@dataclass
+class Endpoints:
+    """A user's servers for an ``endpoint`` row: the same model served with speculation on and off."""
+
+    on: str
+    off: str
+    model: str
+    version: str
+    api_key: str | None = None
+    scores_api: str | None = None  # "vllm" or "sglang": audit against the server's own scores (--oracle server)
+    score_logprobs: int = 20
+
+
+def endpoint_row(label: str, settings: dict[str, Any]) -> EngineRow:
+    """The row of a user's engine behind ``--endpoint``: named by ``--label``, its speculative
+    settings as the user states them (``--settings``: they are the row's claim, shown as given)."""
+    return EngineRow(ENDPOINT, label, ENDPOINT, dict(settings))
+
+
+@contextmanager
+def _sources(row: EngineRow, setup: Setup, policy: Policy, max_tokens: int, stem: Path,
+             endpoints: Endpoints | None) -> Iterator[tuple[str, bool, dict[bool, Any]]]:
+    """What generates each side of ``row`` (speculation on → True): in-process generators, or
+    collectors from servers started here for the row's time (logs at ``stem``--on.log / --off.log)
+    or the user's endpoints. Yields (version, whether the two sides run side by side, sources)."""
+    from diagnostics.verdicts.servers import endpoint_collector
+
+    if row.kind not in (ENDPOINT, "server", "llama-server"):
+        generator_on, generator_off, version = _generators(row, setup, policy, max_tokens)
+        yield version, False, {True: generator_on, False: generator_off}
+        return
+    tokenize = None if setup.target is None else (
+        lambda text: setup.target.tokenizer(text, add_special_tokens=False)["input_ids"])
+    eos_id = min(setup.eos) if setup.eos else None
+    if row.kind == ENDPOINT:
+        if endpoints is None:
+            raise ValueError("an endpoint row needs --endpoint URL (speculation on) and --baseline-endpoint URL (off)")
+        scores = {"scores_api": endpoints.scores_api, "score_logprobs": endpoints.score_logprobs} if endpoints.scores_api else {}
+        yield endpoints.version, True, {
+            True: endpoint_collector(endpoints.on, endpoints.model, policy, max_tokens, True, row.label, tokenize, eos_id,
+                                     api_key=endpoints.api_key, **scores),
+            False: endpoint_collector(endpoints.off, endpoints.model, policy, max_tokens, False, row.label, tokenize, eos_id,
+                                      api_key=endpoints.api_key, **scores)}
+        return
+    if setup.gguf is None:
+        raise ValueError(f"the {row.name} row serves the embedded GGUF: run it with --target default")
+    if row.kind == "server":
+        from diagnostics.verdicts.servers import llama_cpp_server, llama_cpp_version
+
+        version = llama_cpp_version()
+        start = lambda on, log: llama_cpp_server(setup.gguf, on, log)  # noqa: E731
+    else:
+        from diagnostics.verdicts.llama_server import draft_gguf, llama_server, llama_server_version
+
+        version = llama_server_version()
+        draft = draft_gguf(setup.layer, stem.parent)
+        start = lambda on, log: llama_server(setup.gguf, draft if on else None, log, draft_max=GAMMA)  # noqa: E731
+    with start(True, stem.with_name(stem.name + "--on.log")) as url_on, start(False, stem.with_name(stem.name + "--off.log")) as url_off:
+        yield version, True, {on: endpoint_collector(url, "smollm2", policy, max_tokens, on, row.label, tokenize, eos_id)
+                              for on, url in ((True, url_on), (False, url_off))}
+
+
+def run_table(rows: list[EngineRow], policy_names: list[str], setup: Setup, *, out: Path, evidence: Path, store: Any,
+              detect_tv: float, level: float, max_tokens: int, rerun: bool = False, endpoints: Endpoints | None = None,
+              say: Callable[[str], None] = lambda line: print(line, file=sys.stderr)) -> list[dict[str, Any]]:
+    """Fill each ``(row, policy)`` of the table at ``out`` (kept rows whose evidence is unchanged are
+    skipped unless ``rerun``), writing the table after every row; returns the rows run or kept."""
+    table = load_table(out)
+    auditor_is_scores = endpoints is not None and endpoints.scores_api is not None
+    if auditor_is_scores:
+        auditor = scores_auditor(detect_tv, level)
+    else:
+        auditor = target_auditor(setup.target, setup.eos, detect_tv, level)
+    evidence.mkdir(parents=True, exist_ok=True)
+    audited = audited_controls(table)
+    rerun_controls: set[Path] = set()
+    done = []
+    for row in rows:
+        policies = {policy_name(mutant_policy(row)): mutant_policy(row)} if row.kind == "mutant" else {
+            name: POLICIES[name] for name in policy_names}
+        for name, policy in policies.items():
+            kept = None if rerun else stored_row(table, row.name, name, evidence)
+            if kept is not None:
+                say(f"{row.name} · {name}: kept ({kept['verdict']}), its evidence unchanged")
+                done.append(kept)
+                continue
+            stem = f"{row.name.replace(':', '-')}--{name}"
+            # Speculation off is the same program for every row of a kind (plain sampling in
+            # transformers, in our engine, the server without a draft): one file per policy.
+            control = CONTROLS.get(row.kind, row.name)
+            paths = {True: evidence / f"{stem}--on.jsonl", False: evidence / f"{control}--{name}--off.jsonl"}
+            if rerun:
+                paths[True].unlink(missing_ok=True)
+                if paths[False] not in rerun_controls:  # a control shared by several rerun rows is made once
+                    paths[False].unlink(missing_ok=True)
+                    rerun_controls.add(paths[False])
+
+            shown: dict[str, int] = {}
+
+            def progress(side: str, count: int, total: int, label: str = f"{row.name} · {name}") -> None:
+                if count >= total or count - shown.get(side, 0) >= total / 10:  # about every tenth
+                    shown[side] = count
+                    say(f"{label} · speculation {side}: {count:,} / {total:,} tokens")
+
+            jobs = {on: Job(row, name, policy, on, setup.prompts, max_tokens, paths[on], control) for on in (True, False)}
+            with _sources(row, setup, policy, max_tokens, evidence / stem, endpoints) as (version, parallel, sources):
+                for on in (True, False):
+                    if row.kind in (ENDPOINT, "server", "llama-server"):
+                        jobs[on].collect = sources[on]
+                    else:
+                        jobs[on].generator = sources[on]
+                result = run_row(jobs[True], jobs[False], auditor, setup.eos, detect_tv=detect_tv, level=level, store=store,
+                                 version=version, target_name=setup.name, progress=progress, parallel=parallel,
+                                 audited=audited)
+            result["oracle"] = (f"the server's own scores ({endpoints.scores_api})" if auditor_is_scores
+                                else "teacher forcing on a local copy of the target")
+            upsert(table, result)
+            save_table(out, table)
+            say(f"{row.name} · {name}: {result['verdict']} (p = {result['on']['p_value']:.3g}, "
+                f"{result['on']['tokens']:,} tokens, {result['time_s']:.0f} s)")
+            done.append(result)
+    return done

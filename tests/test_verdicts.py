@@ -1,0 +1,184 @@
+"""The verdict table (``python -m diagnostics verdicts``) end to end on tiny models: one real engine's
+row (transformers' assisted generation) with its control, resume, the README copy, imports of
+tables made elsewhere, and the planted-bug engines coming out ``fail`` through the same path.
+
+Sizes: a row's sides get the tokens that detect a PIT-law TV of ``--detect-tv`` at 90% power:
+906 tokens at 0.1 (about 80 generations of 12 tokens, 10 s here), 3,626 at 0.05 for the planted
+bug that shifts the law least (the swapped KV cache: at 0.1 it passed here), 0.1 for the others.
+Rows with the same control (plain sampling in our engine) share its file and its audit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from tiny_models import save_tiny_model
+
+from diagnostics.cli import main
+from diagnostics.store import Store
+from diagnostics.verdicts.render import END, START, markdown_table
+from diagnostics.verdicts.table import CONTROL_FAILED, check_table, row_verdict, sha256
+
+PROMPT = "w1 w2 w3 w1 w2"
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("verdict-models")
+    return save_tiny_model(folder / "target", seed=0, vocab=12), save_tiny_model(folder / "draft", seed=1, vocab=12)
+
+
+def _verdicts(models, tmp_path: Path, *extra: str) -> list[str]:
+    target, draft = models
+    return ["verdicts", "--target", target, "--draft", draft, "--prompt", PROMPT, "--max-tokens", "12",
+            "--out", str(tmp_path / "verdicts.json"), "--evidence", str(tmp_path / "evidence"),
+            "--db", str(tmp_path / "audits.duckdb"), *extra]
+
+
+def _rows(capsys) -> list[dict]:
+    return [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
+
+
+def test_a_real_engines_row_end_to_end_with_its_control_evidence_and_resume(models, tmp_path: Path, capsys) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# Title\n\nbefore\n{START}\nold table\n{END}\nafter\n")
+    command = _verdicts(models, tmp_path, "--engine", "transformers-assistant", "--policy", "t1", "--detect-tv", "0.1",
+                        "--readme", str(readme))
+    assert main(command) == 0
+    [line] = _rows(capsys)
+    assert line["engine"] == "transformers-assistant" and line["verdict"] == "pass" and line["control"] == "pass"
+    table = json.loads((tmp_path / "verdicts.json").read_text())
+    assert check_table(table) is None
+    [row] = table["rows"]
+    assert row["version"].startswith("transformers ") and row["settings"]["num_assistant_tokens"] == 4
+    assert row["settings"]["temperature"] == 1.0 and row["settings"]["top_k"] is None and row["settings"]["prompts"] == [PROMPT]
+    store = Store(tmp_path / "audits.duckdb", read_only=True)
+    for side, speculative in (("on", True), ("off", False)):
+        evidence = row[side]
+        path = tmp_path / "evidence" / evidence["file"]
+        assert sha256(path) == evidence["sha256"] and evidence["tokens"] >= 906 and evidence["detectable_tv"] <= 0.1
+        lines = [json.loads(text) for text in path.read_text().splitlines()]
+        assert {item["speculative"] for item in lines} == {speculative} and all(item["max_tokens"] == 12 for item in lines)
+        assert store.get_audit(evidence["audit_id"])["evidence"]["verdict"] == evidence["verdict"]
+    text = readme.read_text()
+    assert "old table" not in text and text.startswith("# Title\n\nbefore\n") and text.endswith(f"{END}\nafter\n")
+    assert "transformers generate, assistant model" in text and "| pass |" in text
+    # Resume: the row's evidence is unchanged, so nothing runs again.
+    assert main(command) == 0
+    assert "kept (pass), its evidence unchanged" in capsys.readouterr().err
+    # A changed evidence file is not trusted: the row is made again from what the file holds.
+    on_file = tmp_path / "evidence" / row["on"]["file"]
+    on_file.write_text("".join(on_file.read_text().splitlines(keepends=True)[:10]))
+    assert main(command) == 0
+    assert "kept" not in capsys.readouterr().err
+    again = json.loads((tmp_path / "verdicts.json").read_text())["rows"][0]
+    assert again["on"]["sha256"] == sha256(on_file) != row["on"]["sha256"] and again["on"]["tokens"] >= 906
+
+
+def test_every_planted_engine_bug_fails_through_the_table(models, tmp_path: Path, capsys) -> None:
+    from diagnostics.audit import BATCH_MUTANTS, ENGINE_MUTANTS
+
+    subtle = "mutant:row_cache_swapped"  # shifts the law by less than 0.1 here: sized for 0.05
+    others = ",".join(f"mutant:{name}" for name in {**ENGINE_MUTANTS, **BATCH_MUTANTS} if f"mutant:{name}" != subtle)
+    assert main(_verdicts(models, tmp_path, "--engine", others, "--detect-tv", "0.1", "--readme", "none")) == 0
+    capsys.readouterr()
+    first = json.loads((tmp_path / "verdicts.json").read_text())["rows"]
+    shared = {(row["off"]["file"], row["off"]["audit_id"]) for row in first if row["policy"] == "t1"}
+    assert len(shared) == 1 and len([row for row in first if row["policy"] == "t1"]) == 3  # one control, audited once
+    assert main(_verdicts(models, tmp_path, "--engine", subtle, "--detect-tv", "0.05", "--readme", "none")) == 0
+    rows = {row["engine"]: {"verdict": row["verdict"], "control": row["off"]["verdict"]}
+            for row in json.loads((tmp_path / "verdicts.json").read_text())["rows"]}
+    assert set(rows) == {f"mutant:{name}" for name in {**ENGINE_MUTANTS, **BATCH_MUTANTS}}
+    assert {name: row["verdict"] for name, row in rows.items()} == {name: "fail" for name in rows}
+    assert all(row["control"] == "pass" for row in rows.values())  # speculation off: the same engine without the bug path
+
+
+def test_a_failed_control_is_not_blamed_on_speculation() -> None:
+    assert row_verdict({"verdict": "fail"}, {"verdict": "fail"}) == CONTROL_FAILED
+    assert row_verdict({"verdict": "pass"}, {"verdict": "fail"}) == CONTROL_FAILED
+    assert row_verdict({"verdict": "fail"}, {"verdict": "pass"}) == "fail"
+    assert row_verdict({"verdict": "inconclusive"}, {"verdict": "inconclusive"}) == "inconclusive"
+
+
+def _side(**changes) -> dict:
+    return {"verdict": "pass", "p_value": 0.4, "tokens": 1000, "detectable_tv": 0.08, "distortion": 0.0, "distortion_low": 0.0,
+            "distortion_high": 0.02, "file": "x.jsonl", "sha256": "ab" * 32, "audit_id": None, **changes}
+
+
+def _table(**changes) -> dict:
+    row = {"engine": "vllm-eagle3", "label": "vLLM, EAGLE-3", "version": "vllm 0.9.1", "policy": "t1", "verdict": "pass",
+           "settings": {"temperature": 1.0, "top_k": None}, "on": _side(), "off": _side(), "provenance": "run here", **changes}
+    return {"rows": [row]}
+
+
+def test_a_table_from_elsewhere_is_imported_with_its_origin_and_runs_nothing(tmp_path: Path, capsys) -> None:
+    source = tmp_path / "gpu-row.json"
+    source.write_text(json.dumps(_table(label="vLLM [click](http://evil) | <b>x</b>")))
+    out = tmp_path / "verdicts.json"
+    assert main(["verdicts", "--import", str(source), "--out", str(out), "--readme", "none"]) == 0
+    [line] = _rows(capsys)
+    assert line["provenance"] == f"imported from gpu-row.json (sha256 {sha256(source)[:12]})"
+    markdown = markdown_table(json.loads(out.read_text()))
+    assert "[click](http" not in markdown and "\\[click\\]\\(http" in markdown and "<b>" not in markdown  # escaped, one cell
+    assert markdown.splitlines()[-1].count(" | ") == markdown.splitlines()[0].count(" | ")
+    # A report can carry the table: escaped there too.
+    Store(tmp_path / "runs.duckdb")
+    assert main(["report", "--verdicts", str(out), "--db", str(tmp_path / "runs.duckdb"), "-o", str(tmp_path / "r.html")]) == 0
+    report = (tmp_path / "r.html").read_text()
+    assert "Verdicts on real engines" in report and "&lt;b&gt;x&lt;/b&gt;" in report and "<b>x" not in report
+    assert "imported from gpu-row.json" in report
+
+
+@pytest.mark.parametrize("table, fragment", [
+    (_table(verdict="looks fine"), "verdict 'looks fine' is not one of"),
+    (_table(on=_side(p_value=float("nan"))), "NaN is not a JSON number"),
+    (_table(on=_side(p_value="0.4")), "on.p_value must be a finite number"),
+    (_table(off="fail"), "off (speculation off) must be an object"),
+    ({"rows": "x"}, "not a verdict table"),
+    ("[" * 10_000, "nest"),
+])
+def test_a_bad_table_is_refused_in_one_line_and_the_table_is_left_alone(tmp_path: Path, capsys, table, fragment) -> None:
+    source, out = tmp_path / "bad.json", tmp_path / "verdicts.json"
+    source.write_text(table if isinstance(table, str) else json.dumps(table, allow_nan=True))
+    out.write_text(json.dumps(_table()))
+    before = out.read_bytes()
+    assert main(["verdicts", "--import", str(source), "--out", str(out), "--readme", "none"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and fragment in err, err
+    assert out.read_bytes() == before
+
+
+@pytest.mark.parametrize("extra, fragment", [
+    (["--engine", "nope"], "unknown engine 'nope'"),
+    (["--policy", "t2"], "unknown policy t2"),
+    (["--endpoint", "http://127.0.0.1:9"], "an endpoint row needs"),
+    (["--detect-tv", "2"], "--detect-tv and --level"),
+])
+def test_bad_options_are_one_line(models, tmp_path: Path, capsys, extra, fragment) -> None:
+    assert main(_verdicts(models, tmp_path, *extra)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and fragment in err, err
+    assert not (tmp_path / "verdicts.json").exists()
+
+
+def test_an_endpoint_row_audited_against_the_servers_own_scores(tmp_path: Path, capsys) -> None:
+    """A GPU user's row (``--endpoint``, ``--oracle server``) on a fake vLLM over the tiny target:
+    no local copy of the model is loaded, the server tokenizes and its prompt log-probs are the oracle."""
+    from fake_vllm import fake_vllm_server
+
+    from diagnostics.audit.suite import tiny_setup
+
+    with fake_vllm_server(tiny_setup().target) as url:
+        code = main(["verdicts", "--endpoint", url, "--baseline-endpoint", url, "--model", "tiny", "--label", "fake vLLM, EAGLE",
+                     "--version", "fakevllm 1.0", "--settings", '{"method": "eagle", "num_speculative_tokens": 3}',
+                     "--oracle", "server", "--score-logprobs", "12", "--policy", "t1", "--prompt", "1 2 3 4", "--prompt", "5 6 7",
+                     "--max-tokens", "12", "--detect-tv", "0.1", "--out", str(tmp_path / "verdicts.json"),
+                     "--evidence", str(tmp_path / "evidence"), "--db", str(tmp_path / "audits.duckdb"), "--readme", "none"])
+    assert code == 0, capsys.readouterr().err
+    [row] = json.loads((tmp_path / "verdicts.json").read_text())["rows"]
+    assert row["engine"] == "endpoint" and row["label"] == "fake vLLM, EAGLE" and row["version"] == "fakevllm 1.0"
+    assert row["verdict"] == "pass" and row["off"]["verdict"] == "pass" and row["on"]["tokens"] >= 906
+    assert row["oracle"] == "the server's own scores (vllm)" and row["settings"]["num_speculative_tokens"] == 3
+    lines = [json.loads(text) for text in (tmp_path / "evidence" / row["on"]["file"]).read_text().splitlines()]
+    assert all(line["scores"] and len(line["scores"]) == len(line["token_ids"]) for line in lines)
