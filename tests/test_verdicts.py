@@ -69,11 +69,20 @@ def test_a_real_engines_row_end_to_end_with_its_control_evidence_and_resume(mode
     assert "kept (pass), its evidence unchanged" in capsys.readouterr().err
     # A changed evidence file is not trusted: the row is made again from what the file holds.
     on_file = tmp_path / "evidence" / row["on"]["file"]
-    on_file.write_text("".join(on_file.read_text().splitlines(keepends=True)[:10]))
-    assert main(command) == 0
+    made_by_workers = on_file.read_text().splitlines()
+    on_file.write_text("".join(line + "\n" for line in made_by_workers[:10]))
+    assert main([*command, "--workers", "1"]) == 0
     assert "kept" not in capsys.readouterr().err
     again = json.loads((tmp_path / "verdicts.json").read_text())["rows"][0]
     assert again["on"]["sha256"] == sha256(on_file) != row["on"]["sha256"] and again["on"]["tokens"] >= 906
+    # A file made under other settings is not continued: one line, nothing changed.
+    before = on_file.read_bytes()
+    assert main([*command, "--max-tokens", "10", "--workers", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "was made with other settings" in err and on_file.read_bytes() == before
+    # Continued from seed 10 in this process: each seed's generation is the one the two workers made.
+    continued = on_file.read_text().splitlines()
+    assert continued == made_by_workers[: len(continued)] and len(continued) > 10
 
 
 def test_every_planted_engine_bug_fails_through_the_table(models, tmp_path: Path, capsys) -> None:

@@ -42,7 +42,7 @@ def _readme(args: argparse.Namespace, out: Path) -> Path | None:
 def _run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     from diagnostics.store import Store
     from diagnostics.verdicts.engines import POLICIES
-    from diagnostics.verdicts.run import Endpoints, chosen_rows, endpoint_row, load_setup, run_table, server_setup
+    from diagnostics.verdicts.run import Endpoints, SetupSpec, cached_setup, chosen_rows, endpoint_row, run_table, server_setup
     from diagnostics.verdicts.table import load_table
 
     endpoints = None
@@ -67,15 +67,19 @@ def _run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     if not 1 <= args.max_tokens <= 512:
         raise ValueError(f"--max-tokens must lie in [1, 512], got {args.max_tokens}")
     load_table(out)  # a table file that is not one is refused before anything runs
+    if not 1 <= args.workers <= 16:
+        raise ValueError(f"--workers must lie in [1, 16], got {args.workers}")
     if not 1 <= args.score_logprobs <= 1000:
         raise ValueError(f"--score-logprobs must lie in [1, 1000], got {args.score_logprobs}")
     if endpoints is not None and endpoints.scores_api is not None:
-        setup = server_setup(args.model, args.prompt or None)  # no local copy of the model: the server scores
+        setup, spec = server_setup(args.model, args.prompt or None), None  # no local copy of the model: the server scores
     else:
-        setup = load_setup(args.target, args.early_exit, args.prompt or None, args.draft)
+        spec = SetupSpec(args.target, args.early_exit, tuple(args.prompt) or None, args.draft)
+        setup = cached_setup(spec)
     store = Store(args.db)
     run_table(rows, policies, setup, out=out, evidence=Path(args.evidence), store=store, detect_tv=args.detect_tv,
-              level=args.level, max_tokens=args.max_tokens, rerun=args.rerun, endpoints=endpoints)
+              level=args.level, max_tokens=args.max_tokens, rerun=args.rerun, endpoints=endpoints, spec=spec,
+              workers=args.workers)
     return load_table(out)
 
 
@@ -154,6 +158,9 @@ def add_parser(commands: Any) -> None:
     verdicts.add_argument("--version", default=None, help="with --endpoint: the engine's version, e.g. 'vllm 0.9.1'")
     verdicts.add_argument("--settings", default=None, metavar="JSON",
                           help='with --endpoint: its speculative settings as stated, e.g. \'{"method": "eagle3", "num_speculative_tokens": 3}\'')
+    verdicts.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
+                          help="worker processes (one torch thread each) that generate an in-process engine's seeds "
+                               "side by side (default: 2, or 1 on one core)")
     verdicts.add_argument("--oracle", default=None, choices=["server"],
                           help="with --endpoint: audit against the server's own teacher-forced scores (no local copy of the "
                                "model; the verdict then rests on those scores being the engine's law)")

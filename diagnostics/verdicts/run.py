@@ -6,6 +6,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +97,59 @@ def load_setup(target_spec: str, layer: int | None, prompts: list[str] | None, d
     return Setup(target, draft, layer, eos_ids(target, None),
                  [(text, encode_prompt(target, text, raw=True)) for text in texts],
                  embedded_gguf_path() if target_spec == DEFAULT_TARGET else None, target.name)
+
+
+@dataclass(frozen=True)
+class SetupSpec:
+    """What ``load_setup`` loads, as plain values a worker process can load again."""
+
+    target: str
+    layer: int | None = None
+    prompts: tuple[str, ...] | None = None
+    draft: str | None = None
+
+
+_SETUPS: dict[SetupSpec, Setup] = {}
+_GENERATORS: dict[tuple, tuple[Any, Any, str]] = {}
+
+
+def cached_setup(spec: SetupSpec) -> Setup:
+    """``load_setup`` once per process (the command's and each worker's)."""
+    if spec not in _SETUPS:
+        _SETUPS[spec] = load_setup(spec.target, spec.layer, list(spec.prompts) if spec.prompts else None, spec.draft)
+    return _SETUPS[spec]
+
+
+def worker_chunk(spec: SetupSpec, row_name: str, policy: Policy, max_tokens: int, speculative: bool, prompt_ids: list[int],
+                 seeds: list[int]) -> list:
+    """One chunk of seeds generated in a worker process (``--workers``): each seed's tokens, or the
+    exception it raised; the same tokens the command's own process gives for those seeds."""
+    from diagnostics.audit.engine_level import _generate_chunk
+
+    key = (spec, row_name, policy, max_tokens)
+    if key not in _GENERATORS:
+        _GENERATORS[key] = _generators(engine_rows()[row_name], cached_setup(spec), policy, max_tokens)
+    generator = _GENERATORS[key][0 if speculative else 1]
+    return _generate_chunk(generator, getattr(generator, "batch", None), prompt_ids, seeds)
+
+
+def _one_thread() -> None:
+    import torch
+
+    torch.set_num_threads(1)  # one worker per core: two threads each would fight over the cores
+
+
+@contextmanager
+def worker_pool(workers: int) -> Iterator[Any]:
+    """``workers`` spawned processes of one torch thread each (``None`` for one: generate here)."""
+    if workers < 2:
+        yield None
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_one_thread) as pool:
+        yield pool
 
 
 def server_setup(model: str, prompts: list[str] | None) -> Setup:
@@ -199,9 +253,21 @@ def _sources(row: EngineRow, setup: Setup, policy: Policy, max_tokens: int, stem
 
 def run_table(rows: list[EngineRow], policy_names: list[str], setup: Setup, *, out: Path, evidence: Path, store: Any,
               detect_tv: float, level: float, max_tokens: int, rerun: bool = False, endpoints: Endpoints | None = None,
+              spec: SetupSpec | None = None, workers: int = 1,
               say: Callable[[str], None] = lambda line: print(line, file=sys.stderr)) -> list[dict[str, Any]]:
     """Fill each ``(row, policy)`` of the table at ``out`` (kept rows whose evidence is unchanged are
-    skipped unless ``rerun``), writing the table after every row; returns the rows run or kept."""
+    skipped unless ``rerun``), writing the table after every row; returns the rows run or kept.
+    With ``spec`` and ``workers`` > 1, in-process engines generate their chunks of seeds in that
+    many worker processes (one torch thread each), the files written here in seed order."""
+    in_process = spec is not None and any(row.kind not in (ENDPOINT, "server", "llama-server") for row in rows)
+    with worker_pool(workers if in_process else 1) as pool:
+        return _run_table(rows, policy_names, setup, out=out, evidence=evidence, store=store, detect_tv=detect_tv, level=level,
+                          max_tokens=max_tokens, rerun=rerun, endpoints=endpoints, spec=spec, workers=workers, pool=pool, say=say)
+
+
+def _run_table(rows: list[EngineRow], policy_names: list[str], setup: Setup, *, out: Path, evidence: Path, store: Any,
+               detect_tv: float, level: float, max_tokens: int, rerun: bool, endpoints: Endpoints | None,
+               spec: SetupSpec | None, workers: int, pool: Any, say: Callable[[str], None]) -> list[dict[str, Any]]:
     table = load_table(out)
     auditor_is_scores = endpoints is not None and endpoints.scores_api is not None
     if auditor_is_scores:
@@ -216,7 +282,9 @@ def run_table(rows: list[EngineRow], policy_names: list[str], setup: Setup, *, o
         policies = {policy_name(mutant_policy(row)): mutant_policy(row)} if row.kind == "mutant" else {
             name: POLICIES[name] for name in policy_names}
         for name, policy in policies.items():
-            kept = None if rerun else stored_row(table, row.name, name, evidence)
+            made_under = {"max_tokens": max_tokens, "prompts": [text for text, _ in setup.prompts], "detect_tv": detect_tv,
+                          "level": level}
+            kept = None if rerun else stored_row(table, row.name, name, evidence, made_under)
             if kept is not None:
                 say(f"{row.name} · {name}: kept ({kept['verdict']}), its evidence unchanged")
                 done.append(kept)
@@ -246,6 +314,9 @@ def run_table(rows: list[EngineRow], policy_names: list[str], setup: Setup, *, o
                         jobs[on].collect = sources[on]
                     else:
                         jobs[on].generator = sources[on]
+                        if pool is not None and spec is not None:
+                            jobs[on].submit = partial(pool.submit, worker_chunk, spec, row.name, policy, max_tokens, on)
+                            jobs[on].workers = workers
                 result = run_row(jobs[True], jobs[False], auditor, setup.eos, detect_tv=detect_tv, level=level, store=store,
                                  version=version, target_name=setup.name, progress=progress, parallel=parallel,
                                  audited=audited)

@@ -47,6 +47,8 @@ class Job:
     control: str = ""  # what runs with speculation off: rows with the same control share its file
     generator: Callable[[list[int], int], list[int]] | None = None  # in-process engines
     collect: Callable[..., list[Sample]] | None = None  # server engines: (prompt, prompt_ids, seeds) -> samples
+    submit: Callable[[list[int], list[int]], Any] | None = None  # (prompt_ids, seeds) -> a future of the chunk's outputs
+    workers: int = 1  # chunks generated at once through ``submit``
 
 
 def sha256(path: Path) -> str:
@@ -73,24 +75,33 @@ def fill(job: Job, tokens_wanted: int, eos: set[int], engine_label: str,
     from diagnostics.audit.engine_level import _generate_chunk
 
     samples = load_samples(job.path) if job.path.exists() else []
+    _check_continuable(job, samples)
     first_seed = OFF_SEED if not job.speculative else 0
     next_seed = max((sample.seed for sample in samples if sample.seed is not None), default=first_seed - 1) + 1
     tokens = sum(len(sample.token_ids) for sample in samples)
     # A generator that batches takes a whole batch of seeds at once; the others a chunk at a time.
     step = BATCH if getattr(job.generator, "batch", None) is not None else CHUNK
     while tokens < tokens_wanted and len(samples) < max_generations:
-        text, prompt_ids = job.prompts[(next_seed - first_seed) // step % len(job.prompts)]
-        seeds = list(range(next_seed, next_seed + step))
-        next_seed += step
-        if job.collect is not None:
-            fresh = job.collect(text, prompt_ids, seeds)
-        else:
+        chunks = []
+        for _ in range(job.workers if job.submit is not None else 1):  # with workers: one chunk each, at once
+            text, prompt_ids = job.prompts[(next_seed - first_seed) // step % len(job.prompts)]
+            chunks.append((text, prompt_ids, list(range(next_seed, next_seed + step))))
+            next_seed += step
+        if job.submit is not None:
+            futures = [job.submit(list(prompt_ids), seeds) for _, prompt_ids, seeds in chunks]
+            outputs = [future.result() for future in futures]
+        elif job.collect is None:
             batch = getattr(job.generator, "batch", None)
-            fresh = []
-            for seed, output in zip(seeds, _generate_chunk(job.generator, batch, prompt_ids, seeds)):
+            outputs = [_generate_chunk(job.generator, batch, prompt_ids, seeds) for _, prompt_ids, seeds in chunks]
+        fresh = []
+        for index, (text, prompt_ids, seeds) in enumerate(chunks):
+            if job.collect is not None:
+                fresh += job.collect(text, prompt_ids, seeds)
+                continue
+            for seed, output in zip(seeds, outputs[index]):
                 if isinstance(output, Exception):
                     raise RuntimeError(f"{engine_label} crashed at seed {seed}: {output}") from output
-                ended = next((index for index, token in enumerate(output) if token in eos), None)
+                ended = next((place for place, token in enumerate(output) if token in eos), None)
                 output = output if ended is None else output[: ended + 1]
                 fresh.append(Sample(prompt=text, token_ids=[int(token) for token in output], temperature=job.policy.temperature,
                                     top_k=job.policy.top_k, top_p=job.policy.top_p, min_p=job.policy.min_p,
@@ -102,6 +113,18 @@ def fill(job: Job, tokens_wanted: int, eos: set[int], engine_label: str,
         if progress is not None:
             progress(min(tokens, tokens_wanted), tokens_wanted)
     return samples
+
+
+def _check_continuable(job: Job, samples: list[Sample]) -> None:
+    """A samples file is continued only when it was made under the job's settings: a changed
+    --max-tokens, policy or prompt would otherwise mix two settings in one row's evidence."""
+    prompts = {text for text, _ in job.prompts}
+    for sample in samples:
+        made = (sample.max_tokens, sample.temperature, sample.top_k, sample.top_p, sample.min_p, sample.speculative)
+        wanted = (job.max_tokens, job.policy.temperature, job.policy.top_k, job.policy.top_p, job.policy.min_p, job.speculative)
+        if made != wanted or sample.prompt not in prompts:
+            raise ValueError(f"{job.path} was made with other settings (max_tokens, policy or prompts) than this command's: "
+                             "give the same options, --rerun to make it again, or another --evidence folder")
 
 
 def side_evidence(result: dict[str, Any], path: Path, audit_id: str | None, generation_s: float) -> dict[str, Any]:
@@ -271,9 +294,13 @@ def upsert(table: dict[str, Any], row: dict[str, Any]) -> None:
     table["rows"] = [other for other in table["rows"] if row_key(other["engine"], other["policy"]) != key] + [row]
 
 
-def stored_row(table: dict[str, Any], engine: str, policy_name: str, folder: Path) -> dict[str, Any] | None:
-    """The table's row for ``(engine, policy)`` when its evidence files are here and unchanged (resume)."""
+def stored_row(table: dict[str, Any], engine: str, policy_name: str, folder: Path,
+               settings: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The table's row for ``(engine, policy)`` when it was made under ``settings`` (each named one
+    equal) and its evidence files are here and unchanged (resume)."""
     for row in table["rows"]:
+        if settings is not None and any(row["settings"].get(name) != value for name, value in settings.items()):
+            continue
         if row["engine"] == engine and row["policy"] == policy_name and row.get("provenance") == "run here":
             files = [folder / str(row[side].get("file") or "") for side in ("on", "off")]
             if all(path.is_file() and sha256(path) == row[side].get("sha256") for path, side in zip(files, ("on", "off"))):
