@@ -119,9 +119,13 @@ def test_inspect_click_a_position(setup, browser) -> None:
     page.goto(f"{setup['url']}/inspect?run={setup['lossy']}")
     page.get_by_role("heading", name="Inspect a run").wait_for(timeout=30_000)
     page.get_by_text("Position 0:").wait_for(timeout=30_000)
-    page.wait_for_timeout(1000)
+    settled(page)  # under load the chart is drawn again after the first paint: a point read before has no box
     points = page.locator(".js-plotly-plot").first.locator(".scatterlayer .trace").first.locator("path.point")
-    box = points.nth(min(5, points.count() - 1)).bounding_box()
+    points.first.wait_for(timeout=30_000)
+    point = points.nth(min(5, points.count() - 1))
+    point.wait_for(timeout=30_000)
+    box = point.bounding_box()
+    assert box is not None, "the chart's point has no box: not drawn"
     # Plotly listens on its drag layer, not on the marker: click where the marker is drawn.
     page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
     page.locator("h3", has_text="Position ").filter(has_not_text="Position 0:").wait_for(timeout=30_000)
