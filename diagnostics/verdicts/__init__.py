@@ -1,0 +1,1 @@
+"""The losslessness verdict table of real engines (``python -m diagnostics verdicts``)."""
