@@ -19,8 +19,11 @@ within those 10 falls below ``draft_p_min``; the target then samples every draft
 request's own sampler chain and seeded RNG, and keeps tokens while its sample equals the draft's,
 appending its own sample at the first mismatch (or after the last draft). Every emitted token is a
 target sample and each consumes one RNG draw, as without a draft: lossless by construction, at any
-temperature and with top-k/top-p/min-p, and with a seed the same tokens as the control up to
-floating-point differences between batched and one-token evaluation.
+temperature and with top-k/top-p/min-p. Seeds do not pair the two servers' outputs, though: with
+the same seeds, 7 of 8 16-token generations left the control's path within the first 4-15 tokens,
+at the same token whatever the draft (early exit, the target itself) or ``draft_max`` (1 or 4),
+so the target's logits evaluated in a batch differ from those evaluated one token at a time enough
+to move a sample. The control against itself was identical. Compare laws (the audit), not seeds.
 """
 
 from __future__ import annotations
@@ -61,6 +64,8 @@ def llama_server_settings(draft_max: int | None = 4) -> dict[str, Any]:
         "samplers_default_order": "penalties, dry, top_n_sigma, top_k, typical_p, top_p, min_p, xtc, temperature, then dist "
                                   "(common.h; dry, xtc, typical_p and top_n_sigma are off by default)",
         "seed": "per request: the slot's sampler chain is rebuilt for each request and its dist RNG (mt19937) seeded with it",
+        "seed_pairing": "none: speculation changes the target's batch shapes and so its logits' rounding; a seed "
+                        "reproduces a server's own output, not the other server's",
         "cache_prompt": True,  # the server's default; speculation needs it (server.cpp can_speculate)
         "speculative": draft_max is not None,
     }
