@@ -40,29 +40,26 @@ def _free_port() -> int:
 
 
 @contextmanager
-def llama_cpp_server(gguf: Path, speculative: bool, log: Path) -> Iterator[str]:
-    """llama-cpp-python's server on ``gguf`` at 127.0.0.1 (one thread, so two run side by side on
-    2 cores), with prompt-lookup decoding when ``speculative``; yields its URL, stops it after."""
-    llama_cpp_version()
+def served(command: Callable[[int], list[str]], log: Path, name: str, ready_path: str = "/v1/models",
+           timeout_s: float = START_TIMEOUT_S) -> Iterator[str]:
+    """Start ``command(port)`` (a server on 127.0.0.1 at a free port, its output to ``log``), wait
+    until ``ready_path`` answers 200, yield its URL, and stop it after. A server that exits first, or
+    does not answer within ``timeout_s``, is a ``RuntimeError`` naming ``name`` and the log."""
     port = _free_port()
-    command = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--port", str(port), "--host", "127.0.0.1",
-               "--n_threads", "1", "--n_ctx", "512"]
-    if speculative:
-        command += ["--draft_model", "prompt-lookup-decoding", "--draft_model_num_pred_tokens", str(LLAMA_LOOKUP_TOKENS)]
     with log.open("w") as output:
-        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command(port), stdout=output, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
+        deadline = time.monotonic() + timeout_s
         while True:
             try:
-                urllib.request.urlopen(url + "/v1/models", timeout=2).read()
+                urllib.request.urlopen(url + ready_path, timeout=2).read()
                 break
-            except OSError:
+            except OSError:  # refused, or an HTTP error such as 503 while the model loads
                 if process.poll() is not None:
-                    raise RuntimeError(f"the llama.cpp server exited; its log: {log}") from None
+                    raise RuntimeError(f"{name} exited (status {process.returncode}); its log: {log}") from None
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"the llama.cpp server did not answer in {START_TIMEOUT_S} s; its log: {log}") from None
+                    raise RuntimeError(f"{name} did not answer in {timeout_s:g} s; its log: {log}") from None
                 time.sleep(0.2)
         yield url
     finally:
@@ -71,6 +68,24 @@ def llama_cpp_server(gguf: Path, speculative: bool, log: Path) -> Iterator[str]:
             process.wait(timeout=30)
         except subprocess.TimeoutExpired:
             process.kill()
+            process.wait()
+
+
+@contextmanager
+def llama_cpp_server(gguf: Path, speculative: bool, log: Path) -> Iterator[str]:
+    """llama-cpp-python's server on ``gguf`` at 127.0.0.1 (one thread, so two run side by side on
+    2 cores), with prompt-lookup decoding when ``speculative``; yields its URL, stops it after."""
+    llama_cpp_version()
+
+    def command(port: int) -> list[str]:
+        line = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--port", str(port), "--host", "127.0.0.1",
+                "--n_threads", "1", "--n_ctx", "512"]
+        if speculative:
+            line += ["--draft_model", "prompt-lookup-decoding", "--draft_model_num_pred_tokens", str(LLAMA_LOOKUP_TOKENS)]
+        return line
+
+    with served(command, log, "the llama.cpp server") as url:
+        yield url
 
 
 def endpoint_collector(url: str, model: str, policy: Policy, max_tokens: int, speculative: bool, engine: str,
