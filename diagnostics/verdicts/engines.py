@@ -51,6 +51,12 @@ TRANSFORMERS_ROWS = [
               "drafts per block grow after a fully accepted block and shrink after a rejection"),
     EngineRow("transformers-prompt-lookup", "transformers generate, prompt lookup", "transformers",
               {"prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS}),
+    EngineRow("transformers-universal", "transformers generate, universal assisted decoding (assistant with another tokenizer)",
+              "universal", {"assistant_model": ASSISTANT + " with a second tokenizer: the same tokens under shuffled ids, plus 2",
+                            "num_assistant_tokens": GAMMA, "num_assistant_tokens_schedule": "constant",
+                            "assistant_confidence_threshold": 0.0},
+              "the assistant's tokenizer differs (two more tokens, ids shuffled), so generate verifies through its "
+              "vocabulary translator (UniversalSpeculativeDecodingGenerator)"),
     EngineRow("transformers-early-exit", "transformers generate, assistant_early_exit", "transformers",
               {"assistant_early_exit": "the early-exit layer"}),
 ]

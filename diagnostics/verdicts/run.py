@@ -26,7 +26,7 @@ LLAMA_SERVER = EngineRow("llama-server", "llama.cpp llama-server, draft model (-
                          {"draft_model": "the early-exit draft as a GGUF", "draft_max": 4})
 ENDPOINT = "endpoint"
 # The control each kind of row shares (speculation off): its file's name.
-CONTROLS = {"transformers": "transformers-plain", "ours": "ours-plain", "mutant": "ours-plain", "server": "llama-cpp-python-plain",
+CONTROLS = {"transformers": "transformers-plain", "universal": "transformers-plain", "ours": "ours-plain", "mutant": "ours-plain", "server": "llama-cpp-python-plain",
             "llama-server": "llama-server-plain"}
 
 
@@ -175,6 +175,13 @@ def mutant_policy(row: EngineRow) -> Policy:
 
 def _generators(row: EngineRow, setup: Setup, policy: Policy, max_tokens: int) -> tuple[Any, Any, str]:
     """Speculation on and off generators for an in-process row, and its version."""
+    if row.kind == "universal":
+        from diagnostics.verdicts.universal import universal_assistant, universal_generator
+
+        assistant, assistant_tokenizer = universal_assistant(setup.target, setup.layer)
+        make = lambda on: universal_generator(setup.target, assistant, assistant_tokenizer, policy, max_tokens, setup.eos,  # noqa: E731
+                                              speculative=on)
+        return make(True), make(False), transformers_version()
     if row.kind == "transformers":
         make = lambda on: transformers_generator(row, setup.target, setup.draft, setup.layer, policy, max_tokens, setup.eos, on)  # noqa: E731
         return make(True), make(False), transformers_version()
@@ -210,15 +217,16 @@ def endpoint_row(label: str, settings: dict[str, Any]) -> EngineRow:
 
 @contextmanager
 def _sources(row: EngineRow, setup: Setup, policy: Policy, max_tokens: int, stem: Path,
-             endpoints: Endpoints | None) -> Iterator[tuple[str, bool, dict[bool, Any]]]:
+             endpoints: Endpoints | None) -> Iterator[tuple[str, bool, dict[bool, Any], dict[str, Any]]]:
     """What generates each side of ``row`` (speculation on → True): in-process generators, or
     collectors from servers started here for the row's time (logs at ``stem``--on.log / --off.log)
-    or the user's endpoints. Yields (version, whether the two sides run side by side, sources)."""
+    or the user's endpoints. Yields (version, whether the two sides run side by side, sources, settings
+    the engine applies beyond the row's own)."""
     from diagnostics.verdicts.servers import endpoint_collector
 
     if row.kind not in (ENDPOINT, "server", "llama-server"):
         generator_on, generator_off, version = _generators(row, setup, policy, max_tokens)
-        yield version, False, {True: generator_on, False: generator_off}
+        yield version, False, {True: generator_on, False: generator_off}, {}
         return
     tokenize = None if setup.target is None else (
         lambda text: setup.target.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -231,24 +239,24 @@ def _sources(row: EngineRow, setup: Setup, policy: Policy, max_tokens: int, stem
             True: endpoint_collector(endpoints.on, endpoints.model, policy, max_tokens, True, row.label, tokenize, eos_id,
                                      api_key=endpoints.api_key, **scores),
             False: endpoint_collector(endpoints.off, endpoints.model, policy, max_tokens, False, row.label, tokenize, eos_id,
-                                      api_key=endpoints.api_key, **scores)}
+                                      api_key=endpoints.api_key, **scores)}, {}
         return
     if setup.gguf is None:
         raise ValueError(f"the {row.name} row serves the embedded GGUF: run it with --target default")
     if row.kind == "server":
         from diagnostics.verdicts.servers import llama_cpp_server, llama_cpp_version
 
-        version = llama_cpp_version()
+        version, stated = llama_cpp_version(), {}
         start = lambda on, log: llama_cpp_server(setup.gguf, on, log)  # noqa: E731
     else:
-        from diagnostics.verdicts.llama_server import draft_gguf, llama_server, llama_server_version
+        from diagnostics.verdicts.llama_server import draft_gguf, llama_server, llama_server_settings, llama_server_version
 
-        version = llama_server_version()
-        draft = draft_gguf(setup.layer, stem.parent)
+        version, stated = llama_server_version(), llama_server_settings(GAMMA)
+        draft = draft_gguf(setup.layer)  # cached under data/llama.cpp/drafts
         start = lambda on, log: llama_server(setup.gguf, draft if on else None, log, draft_max=GAMMA)  # noqa: E731
     with start(True, stem.with_name(stem.name + "--on.log")) as url_on, start(False, stem.with_name(stem.name + "--off.log")) as url_off:
         yield version, True, {on: endpoint_collector(url, "smollm2", policy, max_tokens, on, row.label, tokenize, eos_id)
-                              for on, url in ((True, url_on), (False, url_off))}
+                              for on, url in ((True, url_on), (False, url_off))}, stated
 
 
 def run_table(rows: list[EngineRow], policy_names: list[str], setup: Setup, *, out: Path, evidence: Path, store: Any,
@@ -308,7 +316,7 @@ def _run_table(rows: list[EngineRow], policy_names: list[str], setup: Setup, *, 
                     say(f"{label} · speculation {side}: {count:,} / {total:,} tokens")
 
             jobs = {on: Job(row, name, policy, on, setup.prompts, max_tokens, paths[on], control) for on in (True, False)}
-            with _sources(row, setup, policy, max_tokens, evidence / stem, endpoints) as (version, parallel, sources):
+            with _sources(row, setup, policy, max_tokens, evidence / stem, endpoints) as (version, parallel, sources, stated):
                 for on in (True, False):
                     if row.kind in (ENDPOINT, "server", "llama-server"):
                         jobs[on].collect = sources[on]
@@ -320,6 +328,7 @@ def _run_table(rows: list[EngineRow], policy_names: list[str], setup: Setup, *, 
                 result = run_row(jobs[True], jobs[False], auditor, setup.eos, detect_tv=detect_tv, level=level, store=store,
                                  version=version, target_name=setup.name, progress=progress, parallel=parallel,
                                  audited=audited)
+            result["settings"].update(stated)  # settings the engine applies that the row's name does not say
             result["oracle"] = (f"the server's own scores ({endpoints.scores_api})" if auditor_is_scores
                                 else "teacher forcing on a local copy of the target")
             upsert(table, result)
