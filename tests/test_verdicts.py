@@ -191,3 +191,26 @@ def test_an_endpoint_row_audited_against_the_servers_own_scores(tmp_path: Path, 
     assert row["oracle"] == "the server's own scores (vllm)" and row["settings"]["num_speculative_tokens"] == 3
     lines = [json.loads(text) for text in (tmp_path / "evidence" / row["on"]["file"]).read_text().splitlines()]
     assert all(line["scores"] and len(line["scores"]) == len(line["token_ids"]) for line in lines)
+
+
+def test_lines_the_audit_leaves_out_are_made_up_for(tmp_path: Path) -> None:
+    """A server row whose texts do not all tokenise back (left out by the audit) is filled further
+    until the audited tokens reach the figure the row is sized by, not left 'inconclusive'."""
+    from diagnostics.audit.samples import Sample
+    from diagnostics.policy import Policy
+    from diagnostics.verdicts.engines import EngineRow
+    from diagnostics.verdicts.table import Job, needed_tokens, run_row
+
+    def collect(speculative: bool):
+        return lambda text, ids, seeds: [Sample(prompt=text, token_ids=[1] * 10, temperature=1.0, prompt_ids=list(ids),
+                                                speculative=speculative, seed=seed, max_tokens=10) for seed in seeds]
+
+    def auditor(samples, source) -> dict:  # every fifth line left out, as a retokenised text can be
+        tokens = sum(len(sample.token_ids) for index, sample in enumerate(samples) if index % 5)
+        return {"verdict": "pass", "tokens": tokens, "p_value": 0.5}
+
+    row = EngineRow("server-x", "a server", "server")
+    jobs = [Job(row, "t1", Policy(), on, [("p", [1, 2])], 10, tmp_path / f"{on}.jsonl", "ctl", collect=collect(on))
+            for on in (True, False)]
+    result = run_row(*jobs, auditor, set(), detect_tv=0.1, level=0.01, store=None, version="x", target_name="t")
+    assert result["on"]["tokens"] >= needed_tokens(0.1) and result["off"]["tokens"] >= needed_tokens(0.1)
