@@ -138,30 +138,20 @@ def audit_section(audit: dict[str, Any], index: int) -> str:
 </section>"""
 
 
-DEFAULT_SWEEP_COST = 0.5  # for a sweep stored without its cost ratio (older versions) and no --cost
-
-
 def sweep_section(store: Store, sweep_id: str, index: int, cost: float | None = None) -> str:
     """One stored sweep: its settings, the Pareto chart, every setting's figures with intervals, the
     verdicts; the modelled speed-ups at ``cost``, else at the cost ratio stored with the sweep (so
-    the report, the Sweeps page and the CLI agree), else at ``DEFAULT_SWEEP_COST``."""
+    the report, the Sweeps page and the CLI agree): ``resolve_cost``'s c, named by its phrase."""
     from diagnostics.charts import pareto_figure
-    from diagnostics.evaluation.settings import stored_cost
+    from diagnostics.evaluation.settings import resolve_cost
     from diagnostics.evaluation.stats import summarise_sweep, sweep_table
 
     sweep = store.get_sweep(sweep_id)
     if sweep is None:
         raise StoreError(f"there is no sweep {sweep_id!r} in {store.path}")
     settings = sweep["settings"]
-    stored = stored_cost(settings)
-    if cost is not None:
-        cost_note = f"cost ratio c = {cost:g} (given) for the modelled speed-up"
-    elif stored is not None:
-        cost, source = stored
-        cost_note = f"cost ratio c = {cost:g} ({_text(source)}, stored with the sweep) for the modelled speed-up"
-    else:
-        cost = DEFAULT_SWEEP_COST
-        cost_note = f"cost ratio c = {cost:g} (assumed: the sweep stored none) for the modelled speed-up"
+    cost, source = resolve_cost(settings, cost)
+    cost_note = f"cost ratio c = {cost:g} ({_text(source)}) for the modelled speed-up"
     summaries = summarise_sweep(sweep_table(store, sweep_id, cost))
     chart = (pio.to_html(pareto_figure(summaries), include_plotlyjs=False, full_html=False, div_id=f"sweep-{index}")
              if summaries else "<p>No unit has finished.</p>")

@@ -544,6 +544,48 @@ def test_a_sweep_goes_into_the_report(prompt_file: Path, tiny_target, tmp_path: 
     assert "there is no sweep 'nope'" in capsys.readouterr().err
 
 
+def test_the_cli_and_the_report_take_one_c_and_one_phrase_with_and_without_a_stored_one(prompt_file: Path, tiny_target,
+                                                                                         tmp_path: Path, capsys) -> None:
+    """``resolve_cost`` is the one rule: the CLI's printout and the report give the same c with the
+    same phrase for a sweep with a stored c, for an older sweep stored without one (before, the CLI
+    used 0, the report 0.5 and the raw source key), and with ``--cost``."""
+    import html
+
+    import duckdb
+
+    from diagnostics.cli.sweep import _print_sweep
+    from diagnostics.evaluation.settings import NO_STORED_COST, resolve_cost, stored_cost
+    from diagnostics.report import sweep_section
+
+    store = Store(tmp_path / "c.duckdb")
+    sweep_id = run_sweep(store, tiny_target, "early-exit:2", _settings(prompt_file, ["cascade:0.3"], seeds=1))
+
+    def cli_and_report(given: float | None) -> tuple[tuple[float, str], str]:
+        capsys.readouterr()
+        assert _print_sweep(store, sweep_id, given) == 0
+        printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        return (printed["cost_ratio"], printed["cost_ratio_source"]), sweep_section(store, sweep_id, 0, given)
+
+    stored = stored_cost(store.get_sweep(sweep_id)["settings"])
+    assert stored is not None and stored[1] == "measured"
+    (c, phrase), section = cli_and_report(None)
+    assert (c, phrase) == resolve_cost(store.get_sweep(sweep_id)["settings"], None) and c == stored[0]
+    assert phrase == "stored with the sweep: measured on the machine that ran the sweep"
+    assert f"cost ratio c = {c:g} ({html.escape(phrase)})" in section
+    (c, phrase), section = cli_and_report(0.25)
+    assert (c, phrase) == (0.25, "--cost of this command") and f"cost ratio c = 0.25 ({html.escape(phrase)})" in section
+
+    with duckdb.connect(str(store.path)) as con:  # the sweep as an older version stored it: no c
+        settings = json.loads(con.execute("SELECT settings FROM sweeps").fetchone()[0])
+        settings.pop("cost")
+        con.execute("UPDATE sweeps SET settings = ?", [json.dumps(settings)])
+    (c, phrase), section = cli_and_report(None)
+    assert c == NO_STORED_COST and phrase.startswith("none stored with this older sweep")
+    assert f"cost ratio c = {c:g} ({html.escape(phrase)})" in section and "0.5" not in phrase
+    with pytest.raises(ValueError, match="--cost must be a number from 0 to 1000"):
+        resolve_cost(settings, 1001.0)
+
+
 def test_sweep_page_launches_a_sweep_and_resumes_a_stopped_one(prompt_file: Path, tiny_folder3: str, tiny_target, tmp_path: Path,
                                                               monkeypatch) -> None:
     """The launch form plans the sweep (units × coupled runs), runs it in the page and shows it; an

@@ -12,7 +12,7 @@ from diagnostics.evaluation.answers import needs_sandbox, recheck_sweep, require
 from diagnostics.evaluation.plan import unit_members
 from diagnostics.evaluation.prompts import PromptSetError, load_prompts
 from diagnostics.evaluation.sandbox import SandboxUnavailable
-from diagnostics.evaluation.settings import COST_SOURCES, checkers_of, stored_cost
+from diagnostics.evaluation.settings import checkers_of, resolve_cost, stored_cost
 from diagnostics.evaluation.stats import summarise_sweep, sweep_table
 from diagnostics.evaluation.sweeper import (
     base_request,
@@ -195,28 +195,27 @@ if sweep["status"] != "complete":
 
 
 def sweep_cost_ratio(settings: dict, first_run: dict | None) -> float | None:
-    """The c of the modelled speed-ups: the one stored with the sweep (the CLI's ``sweep`` printed its
-    figures with the same, so both agree), editable. A c measured on this machine only when the
-    user asks for it, or for an older sweep stored without one; either is labelled re-measured."""
+    """The c of the modelled speed-ups: ``resolve_cost``'s (the one stored with the sweep, else its
+    rule for an older sweep stored without one), as the CLI and the report use it, editable. A c
+    measured on this machine only when the user asks for it, labelled re-measured."""
     if first_run is None:
         return None
-    stored = stored_cost(settings)
-    if stored is not None:
-        ratio, source = stored
-        stored_help = f"The stored c = {ratio:g} was {COST_SOURCES[source]}"  # a checked number and a constant
-        remeasure = st.toggle("Re-measure c on this machine", key="sweep_remeasure",  # literal-ok: stored_help
-                              help=f"{stored_help}; re-measuring loads the models here.")
-        if not remeasure:
-            # Keyed by sweep: another sweep's box would keep this one's value.
-            return st.number_input("draft/target cost c (stored with the sweep)",  # literal-ok: stored_help
-                                   0.0, max(MAX_COST_RATIO, ratio), ratio, 0.01, format="%.4f", key=f"sweep_cost_stored_{sweep_id}",
-                                   help=f"Time of one draft step over one target step. {stored_help}; the figures the CLI's sweep "
-                                        "printed use it. Type your hardware's ratio to model its speed-up.")
-        st.caption("c re-measured on this machine (or estimated where the models are not loaded): the speed-ups differ "
-                   "from those the sweep stored and the CLI printed.")
-    else:
-        st.caption("This sweep was stored without its cost ratio (an older version): c is re-measured on this machine (or "
-                   "estimated where the models are not loaded), so its speed-ups may differ from those the CLI printed.")
+    ratio, source = resolve_cost(settings, None)
+    stored = stored_cost(settings) is not None
+    # source: resolve_cost's constant phrases and a checked number.
+    remeasure = st.toggle("Re-measure c on this machine", key="sweep_remeasure",  # literal-ok: source
+                          help=f"The figures start from c = {ratio:g}, {source}; re-measuring loads the models here.")
+    if not remeasure:
+        if not stored:
+            st.caption(f"This sweep was stored without its cost ratio (an older version): c = {ratio:g} is assumed, as the "
+                       "CLI's sweep and the report assume it. Re-measure c here, or resume the sweep to store one.")
+        # Keyed by sweep: another sweep's box would keep this one's value.
+        return st.number_input("draft/target cost c (stored with the sweep)" if stored else "draft/target cost c (none stored)",  # literal-ok: source
+                               0.0, max(MAX_COST_RATIO, ratio), ratio, 0.01, format="%.4f", key=f"sweep_cost_stored_{sweep_id}",
+                               help=f"Time of one draft step over one target step. c = {ratio:g}, {source}; the CLI's sweep and "
+                                    "the report use it. Type your hardware's ratio to model its speed-up.")
+    st.caption("c re-measured on this machine (or estimated where the models are not loaded): the speed-ups differ "
+               "from those the CLI's sweep and the report print.")
     # Inspect's default: measured here when the models may be loaded, else L/N for an early exit.
     return cost_ratio_input(first_run, target_if_allowed(first_run), "sweep_remeasured", st)
 

@@ -12,6 +12,7 @@ from diagnostics.cli.common import json_line
 def command_report(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from diagnostics.evaluation.settings import checked_cost
     from diagnostics.report import build_report
     from diagnostics.store import Store, complete_groups
     from diagnostics.untrusted import visible
@@ -23,8 +24,7 @@ def command_report(args: argparse.Namespace) -> int:
         raise ValueError(f"the folder {output.parent} does not exist; create it, or give -o a path in an existing folder")
     store = Store(args.db, read_only=True)
     completion = complete_groups(store, args.run_ids)  # build_report does the same: a group is reported whole
-    if args.cost is not None and not 0 <= args.cost <= 1000:
-        raise ValueError(f"--cost must be a number from 0 to 1000 (draft step / target step), got {args.cost}")
+    checked_cost(args.cost)
     # Built before the file is opened: no half-written report.
     verdicts = None
     if args.verdicts:
@@ -47,6 +47,7 @@ def command_report(args: argparse.Namespace) -> int:
 
 def add_parser(commands: Any) -> None:
     """The ``report`` command's options."""
+    from diagnostics.evaluation.settings import MAX_STORED_COST, NO_STORED_COST
     from diagnostics.shareable import SHARED_DB_NAME
     report = commands.add_parser(
         "report", help="one self-contained HTML file for runs (a run or a compared group) and audits",
@@ -62,7 +63,8 @@ def add_parser(commands: Any) -> None:
                         help="include the verdict table of real engines (default docs/verdicts.json)")
     report.add_argument("--cost", type=float, default=None, metavar="C",
                         help="draft/target cost ratio of one step for the sweeps' modelled speed-up "
-                             "(default: the one stored with each sweep, as the CLI and the Sweeps page use; 0.5 for a sweep stored without one)")
+                             "(default: the one stored with each sweep, as the CLI and the Sweeps page use; "
+                             f"{NO_STORED_COST:g} for a sweep stored without one; 0 to {MAX_STORED_COST:g})")
     report.add_argument("--db", default=None, help="DuckDB file (default $SPECLAB_DB or data/runs.duckdb); "
                                                    "the report names it by its base name only")
     report.add_argument("-o", "--output", required=True, help="the HTML file to write")

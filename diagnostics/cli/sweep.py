@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from diagnostics.cli.common import DEFAULT_EARLY_EXIT, add_generation_options, json_line, progress_wanted, request_of
-from diagnostics.evaluation.settings import MAX_STORED_COST
+from diagnostics.evaluation.settings import MAX_STORED_COST, NO_STORED_COST, checked_cost, resolve_cost
 
 
 def command_sweep(args: argparse.Namespace) -> int:
@@ -21,8 +21,7 @@ def command_sweep(args: argparse.Namespace) -> int:
     from diagnostics.models import load_model
     from diagnostics.store import Store
 
-    if args.cost is not None and not 0 <= args.cost <= MAX_STORED_COST:  # NaN fails too; refused before anything is stored
-        raise ValueError(f"--cost must be a number from 0 to {MAX_STORED_COST:g} (draft step / target step), got {args.cost}")
+    checked_cost(args.cost)  # refused before anything is stored
     if args.check_answers:
         from diagnostics.evaluation.answers import recheck_sweep
 
@@ -116,27 +115,13 @@ def _sweep_interrupted(opened: list[str]) -> None:
     print(f"\ninterrupted: the finished units are kept and the sweep is marked 'interrupted'{resume}", file=sys.stderr)
 
 
-def sweep_cost(settings: dict, given: float | None) -> tuple[float, str]:
-    """The cost ratio ``c`` the figures use and where it comes from: ``--cost`` when given, else the
-    one stored with the sweep (what the Sweeps page starts from, so both show the same speed-ups),
-    else 0 for a sweep of an older version that has none."""
-    from diagnostics.evaluation.settings import COST_SOURCES, stored_cost
-
-    if given is not None:
-        return given, "--cost of this command"
-    stored = stored_cost(settings)
-    if stored is None:
-        return 0.0, "none stored with this older sweep: 0 (pass --cost)"
-    return stored[0], f"stored with the sweep: {COST_SOURCES[stored[1]]}"
-
-
 def _print_sweep(store, sweep_id: str, given: float | None) -> int:
-    """The sweep's per-setting figures with intervals as JSON on stdout (at ``sweep_cost``'s c), one
+    """The sweep's per-setting figures with intervals as JSON on stdout (at ``resolve_cost``'s c), one
     verdict per rule on stderr."""
     from diagnostics.evaluation.stats import as_rows, summarise_sweep, sweep_table
 
     sweep = store.get_sweep(sweep_id)
-    cost, source = sweep_cost(sweep["settings"], given)
+    cost, source = resolve_cost(sweep["settings"], given)
     summaries = summarise_sweep(sweep_table(store, sweep_id, cost))
     print(json_line({"sweep_id": sweep_id, "status": sweep["status"], "units": sweep["units"], "units_done": sweep["units_done"],
                       "cost_ratio": cost, "cost_ratio_source": source, "db": str(store.path), "settings": as_rows(summaries)}))
@@ -163,7 +148,8 @@ def add_parser(commands: Any) -> None:
                             "each output as code inside the bubblewrap sandbox")
     sweep.add_argument("--cost", type=float, default=None, metavar="C",
                        help="draft/target cost ratio c of one step for the modelled speed-up. Default: the c stored with the "
-                            "sweep, measured when it first ran (as the Sweeps page shows it); a new sweep stores the C given here "
+                            "sweep, measured when it first ran (as the Sweeps page and the report use it; "
+                            f"{NO_STORED_COST:g} for an older sweep stored without one); a new sweep stores the C given here "
                             f"(0 to {MAX_STORED_COST:g})")
     sweep.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                        help="run the units on Ray: alone, a local Ray started for the sweep; with ADDRESS (e.g. ray://head:10001 or "

@@ -80,6 +80,31 @@ def stored_cost(settings: dict[str, Any]) -> tuple[float, str] | None:
     return None if cost is None else (float(cost["ratio"]), str(cost["source"]))
 
 
+NO_STORED_COST = 0.0  # c for a sweep of an older version stored without one and no c given: a free draft step
+
+
+def checked_cost(given: float | None, flag: str = "--cost") -> float | None:
+    """A c given by the user (``--cost``): ``None``, or a number from 0 to ``MAX_STORED_COST``
+    (NaN fails too); ``ValueError`` naming ``flag`` otherwise."""
+    if given is not None and not 0 <= given <= MAX_STORED_COST:
+        raise ValueError(f"{flag} must be a number from 0 to {MAX_STORED_COST:g} (draft step / target step), got {given}")
+    return given
+
+
+def resolve_cost(settings: dict[str, Any], given: float | None) -> tuple[float, str]:
+    """The cost ratio ``c`` a sweep's modelled speed-ups use, and where it comes from in words: the
+    ``given`` one (``--cost``), else the one stored with the sweep, else ``NO_STORED_COST`` for a
+    sweep of an older version stored without one. The CLI, the report and the Sweeps page all
+    take c from here, so they print the same speed-ups with the same phrase."""
+    if checked_cost(given) is not None:
+        return float(given), "--cost of this command"
+    stored = stored_cost(settings)
+    if stored is None:
+        return NO_STORED_COST, (f"none stored with this older sweep: c = {NO_STORED_COST:g} assumed, a free draft step "
+                                "(give --cost, or resume the sweep to store one)")
+    return stored[0], f"stored with the sweep: {COST_SOURCES[stored[1]]}"
+
+
 def parse_settings(text: str | None) -> dict[str, Any]:
     """Stored settings (JSON text) parsed within bounds (``untrusted_json``: a shared file's are
     untrusted) and checked (``check_settings``); ``SweepSettingsError`` otherwise, with one phrase
