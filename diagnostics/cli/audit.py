@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from pathlib import Path
@@ -24,8 +25,10 @@ def command_audit(args: argparse.Namespace) -> int:
         raise AuditError("--oracle server audits generations: add --samples FILE (with scores) or --endpoint URL")
     if args.baseline_endpoint and not args.endpoint:
         raise AuditError("--baseline-endpoint compares with --endpoint URL: give both")
+    # --target's model, loaded at most once: the collector takes its tokenizer, the audit its law.
+    load_target = functools.cache(lambda: _local_target(args.target))
     if args.endpoint:
-        samples_file = _collect(args)
+        samples_file = _collect(args, load_target)
         if samples_file is None:
             return 0
     if args.baseline_samples and not samples_file:
@@ -39,7 +42,7 @@ def command_audit(args: argparse.Namespace) -> int:
     if args.tree and not (args.engine or args.all):
         raise AuditError("--tree audits the tree engine: add --engine ours (or a planted tree bug), or --all")
     if samples_file:
-        results = [_audit_samples(args, samples_file)]
+        results = [_audit_samples(args, samples_file, load_target)]
     elif args.engine and args.write_samples:
         _write_engine_samples(args, args.engine)
         return 0
@@ -73,7 +76,7 @@ def _samples_file(args: argparse.Namespace) -> str | None:
     return args.samples
 
 
-def _collect(args: argparse.Namespace) -> str | None:
+def _collect(args: argparse.Namespace, load_target) -> str | None:
     """``--endpoint``: collect ``--n`` generations per prompt into ``--out`` (and the baseline's into
     ``OUT.baseline.jsonl``), then audit them like a file; ``None`` when there is nothing to audit against."""
     import time as clock
@@ -96,7 +99,7 @@ def _collect(args: argparse.Namespace) -> str | None:
         if path.exists():
             raise EndpointError(f"{path} exists: give another --out (collected generations are never overwritten)")
     timeouts = {"timeout_s": args.timeout, "collect_timeout_s": args.collect_timeout}
-    tokenize, eos_id = _local_tokenizer(args)
+    tokenize, eos_id = _local_tokenizer(args, load_target)
     api_key = os.environ.get("OPENAI_API_KEY")
     collect(args.endpoint, args.model, prompts, out, n=args.n, sampling=sampling, first_seed=args.seed, speculative=True,
             tokenize=tokenize, eos_id=eos_id, rate=args.rate, api_key=api_key, progress=_progress("collecting"),
@@ -119,15 +122,14 @@ def _baseline_path(out: Path) -> Path:
     return out.with_name(out.name.removesuffix(".jsonl") + ".baseline.jsonl")
 
 
-def _local_tokenizer(args: argparse.Namespace):
-    """With --target: its tokenizer and EOS id here (else the server's tokenizer, and no EOS id)."""
+def _local_tokenizer(args: argparse.Namespace, load_target):
+    """With --target: its tokenizer and EOS id here (else the server's tokenizer, and no EOS id);
+    ``load_target`` loads the model once for this and the audit after it."""
     from diagnostics.audit.suite import TINY
 
     if args.target is None or args.target == TINY:  # the tiny target has no tokenizer (and is no hub id to fetch)
         return None, None
-    from diagnostics.models import load_model
-
-    tokenizer = load_model(args.target, trust_remote_code=False).tokenizer
+    tokenizer = load_target()[0].tokenizer
     if tokenizer is None:
         return None, None
     return (lambda text: list(tokenizer(text)["input_ids"])), tokenizer.eos_token_id
@@ -137,7 +139,7 @@ def _rule_draws(args: argparse.Namespace) -> int:
     return int(args.samples) if args.samples is not None and not _samples_file(args) else args.draws
 
 
-def _audit_samples(args: argparse.Namespace, path: str) -> dict:
+def _audit_samples(args: argparse.Namespace, path: str, load_target) -> dict:
     """The external audit of a samples file: against --baseline-samples (two-sample), the server's
     scores, or the local copy of --target (teacher forcing under each line's declared settings).
     Text-only lines get their ids from --target's tokenizer first (``samples.retokenize``)."""
@@ -155,7 +157,7 @@ def _audit_samples(args: argparse.Namespace, path: str) -> dict:
     pending = any(sample.text_only for sample in samples + (baseline or []))
     target = eos = None
     if needs_target or (args.target is not None and (pending or args.oracle == "server")):
-        target, eos = _local_target(args.target)
+        target, eos = load_target()
     if pending and target is not None:
         _retokenize(target, [samples, baseline or []])
     if args.oracle == "server":
