@@ -129,10 +129,9 @@ def _local_tokenizer(args: argparse.Namespace, load_target):
 
     if args.target is None or args.target == TINY:  # the tiny target has no tokenizer (and is no hub id to fetch)
         return None, None
-    tokenizer = load_target()[0].tokenizer
-    if tokenizer is None:
-        return None, None
-    return (lambda text: list(tokenizer(text)["input_ids"])), tokenizer.eos_token_id
+    from diagnostics.audit.samples import target_tokenize
+
+    return target_tokenize(load_target()[0])
 
 
 def _rule_draws(args: argparse.Namespace) -> int:
@@ -142,9 +141,9 @@ def _rule_draws(args: argparse.Namespace) -> int:
 def _audit_samples(args: argparse.Namespace, path: str, load_target) -> dict:
     """The external audit of a samples file: against --baseline-samples (two-sample), the server's
     scores, or the local copy of --target (teacher forcing under each line's declared settings).
-    Text-only lines get their ids from --target's tokenizer first (``samples.retokenize``)."""
+    Text-only lines get their ids from --target's tokenizer first (``samples.retokenize_with_target``)."""
     from diagnostics.audit.external import audit_samples
-    from diagnostics.audit.samples import load_samples
+    from diagnostics.audit.samples import load_samples, retokenize_with_target
     from diagnostics.audit.suite import AuditError
     from diagnostics.audit.two_sample import two_sample_audit
 
@@ -159,7 +158,7 @@ def _audit_samples(args: argparse.Namespace, path: str, load_target) -> dict:
     if needs_target or (args.target is not None and (pending or args.oracle == "server")):
         target, eos = load_target()
     if pending and target is not None:
-        _retokenize(target, [samples, baseline or []])
+        retokenize_with_target(target, [samples, baseline or []], "--target")
     if args.oracle == "server":
         return _audit_scored(args, samples, path, target, eos)
     if baseline is not None:
@@ -190,19 +189,6 @@ def _local_target(spec: str):
         return setup.target, setup.eos
     target = load_model(spec, trust_remote_code=False)
     return target, eos_ids(target, None)
-
-
-def _retokenize(target, groups: list[list]) -> None:
-    """Text-only lines' ids from the target's tokenizer (the prompt's ids stripped where the split agrees)."""
-    from diagnostics.audit.samples import SamplesError, retokenize
-
-    if target.tokenizer is None:
-        first = next(sample for group in groups for sample in group if sample.text_only)
-        raise SamplesError(f"{first.where} has text but no token_ids, and --target has no tokenizer to make them: "
-                           "give token_ids, or a --target with its tokenizer")
-    tokenizer = target.tokenizer
-    for group in groups:
-        retokenize(group, lambda text: list(tokenizer(text)["input_ids"]), tokenizer.eos_token_id)
 
 
 def _write_engine_samples(args: argparse.Namespace, implementation: str) -> None:
