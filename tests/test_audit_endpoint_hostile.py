@@ -381,6 +381,9 @@ def test_a_symlink_out_is_refused(completions, prompts, tmp_path, capsys) -> Non
     linked.symlink_to(victim)
     assert_one_line_error(*run_audit(capsys, completions, prompts, linked)[:2], "is a symlink")
     assert victim.read_bytes() == b"precious\n"
+    assert_one_line_error(*run_audit(capsys, completions, prompts, victim)[:2], "exists: give another --out")  # never overwritten
+    assert_one_line_error(*run_audit(capsys, completions, prompts, tmp_path)[:2], "not a regular file")  # a folder
+    assert victim.read_bytes() == b"precious\n" and _Completions.seen == []
     with pytest.raises(EndpointError, match="is a symlink or not a regular file"):  # the library refuses too
         collect(completions, "m", ["1"], dangling, n=1, tokenize=lambda text: [1])
     assert not (tmp_path / "elsewhere.jsonl").exists()

@@ -81,7 +81,7 @@ def _collect(args: argparse.Namespace, load_target) -> str | None:
     ``OUT.baseline.jsonl``), then audit them like a file; ``None`` when there is nothing to audit against."""
     import time as clock
 
-    from diagnostics.audit.collect import EndpointError, Sampling, collect
+    from diagnostics.audit.collect import EndpointError, Sampling, check_out, collect
     from diagnostics.evaluation.prompts import load_prompts
 
     if not args.model or not args.prompts:
@@ -94,10 +94,7 @@ def _collect(args: argparse.Namespace, load_target) -> str | None:
                         top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
     out = Path(args.out or f"data/samples-{clock.strftime('%Y%m%d-%H%M%S')}.jsonl")
     for path in (out, _baseline_path(out)):
-        if path.is_symlink():  # dangling or not: never written through
-            raise EndpointError(f"{path} is a symlink: give --out a plain file path")
-        if path.exists():
-            raise EndpointError(f"{path} exists: give another --out (collected generations are never overwritten)")
+        check_out(path, new=True)
     timeouts = {"timeout_s": args.timeout, "collect_timeout_s": args.collect_timeout}
     tokenize, eos_id = _local_tokenizer(args, load_target)
     api_key = os.environ.get("OPENAI_API_KEY")
