@@ -381,6 +381,9 @@ def test_a_symlink_out_is_refused(completions, prompts, tmp_path, capsys) -> Non
     linked.symlink_to(victim)
     assert_one_line_error(*run_audit(capsys, completions, prompts, linked)[:2], "is a symlink")
     assert victim.read_bytes() == b"precious\n"
+    assert_one_line_error(*run_audit(capsys, completions, prompts, victim)[:2], "exists: give another --out")  # never overwritten
+    assert_one_line_error(*run_audit(capsys, completions, prompts, tmp_path)[:2], "not a regular file")  # a folder
+    assert victim.read_bytes() == b"precious\n" and _Completions.seen == []
     with pytest.raises(EndpointError, match="is a symlink or not a regular file"):  # the library refuses too
         collect(completions, "m", ["1"], dangling, n=1, tokenize=lambda text: [1])
     assert not (tmp_path / "elsewhere.jsonl").exists()
@@ -466,3 +469,22 @@ def test_target_cross_check_passes_honest_scores(honest_file, setup, capsys) -> 
                          if position % 10 == 3 else entry for position, entry in enumerate(sample.scores)]
     shifted = audit_scored_samples(samples, detect_tv=0.1, target=setup.target)
     assert shifted.verdict == "fail" and 0.09 < shifted.score_check["max_difference"] < 0.11
+
+
+def test_endpoint_with_a_target_loads_it_once(completions, prompts, tmp_path, capsys, monkeypatch) -> None:
+    """``audit --endpoint --target``: the collector's tokenizer and the audit's law come from one load
+    of the target (the CLI loaded it twice: once for the tokenizer, again for the audit)."""
+    import diagnostics.models
+
+    loads: list[str] = []
+
+    def load(spec: str, **_kwargs):
+        loads.append(spec)
+        return tiny_setup().target
+
+    monkeypatch.setattr(diagnostics.models, "load_model", load)
+    _Completions.completion = staticmethod(honest)
+    code = main(["audit", "--endpoint", completions, "--model", "m", "--prompts", str(prompts), "--n", "2", "--max-tokens", "2",
+                 "--rate", "10000", "--target", "served/model", "--out", str(tmp_path / "s.jsonl"), "--detect-tv", "0.5"])
+    assert code == 0, capsys.readouterr().err
+    assert loads == ["served/model"]

@@ -128,6 +128,36 @@ def test_text_only_lines_are_retokenised_and_miscounted_ones_left_out() -> None:
     assert samples[2].token_ids == [7] and samples[2].ids_source is None  # the engine's own ids are kept
 
 
+def test_retokenize_with_target_names_a_missing_tokenizer_and_uses_one_that_is_there() -> None:
+    """One function for the CLI's ``--target`` and the Audit page: a text-only line and a target
+    without a tokenizer is refused naming the line and the target (the page used to skip the
+    retokenising and fail later with an unrelated message); with one, every group is retokenised."""
+    from types import SimpleNamespace
+
+    from diagnostics.audit.samples import retokenize_with_target
+
+    def text_only(where: str) -> Sample:
+        return Sample(prompt="w1 w2", token_ids=[], temperature=1.0, text=" w3 w4", where=where)
+
+    no_tokenizer = SimpleNamespace(tokenizer=None)
+    assert retokenize_with_target(no_tokenizer, [[Sample(prompt="w1", token_ids=[3], temperature=1.0)]]) == 0  # nothing to do
+    for named in ("the target", "--target"):
+        with pytest.raises(SamplesError) as refused:
+            retokenize_with_target(no_tokenizer, [[], [text_only("f line 4")]], named)
+        assert str(refused.value) == (f"f line 4 has text but no token_ids, and {named} has no tokenizer to make them: "
+                                      "give token_ids, or a target with its tokenizer")
+
+    class Tokenizer:
+        eos_token_id = 11
+
+        def __call__(self, text: str) -> dict:
+            return {"input_ids": _word_tokenize(text)}
+
+    groups = [[text_only("a line 1")], [text_only("b line 1")]]
+    assert retokenize_with_target(SimpleNamespace(tokenizer=Tokenizer()), groups) == 2
+    assert [group[0].token_ids for group in groups] == [[3, 4], [3, 4]]
+
+
 def test_a_sampled_eos_is_put_back_alike_by_the_collector_and_retokenize() -> None:
     """One rule (``samples.continuation_ids`` then ``with_sampled_eos``) for an answer's text and a
     text-only line: a stop that counted one token more than its text shows ends with the EOS id."""

@@ -721,3 +721,16 @@ def test_a_head_is_timed_as_a_head_and_an_ngram_costs_nothing(prompt_file: Path,
     measure_cost_ratio(tiny_target, head, settings)
     measure_cost_ratio(tiny_target, "ngram:3", settings)
     assert timed == [head, None] and not hasattr(head, "model")
+    # A Ray worker times its pair with the same function (it had its own copy of the rule).
+    from diagnostics.evaluation.distributed import UnitWorker
+    from diagnostics.evaluation.sweeper import base_request
+
+    worker = object.__new__(UnitWorker)  # its models set by hand: no Ray, nothing loaded by spec
+    worker.target, worker.draft = tiny_target, head
+    from dataclasses import replace
+
+    timed.clear()
+    first = replace(base_request(settings), prompt=settings["prompts"][0]["prompt"], seed=0)
+    assert worker.cost_ratio(first) == 0.1 and timed == [head]
+    worker.draft = "ngram:3"
+    assert worker.cost_ratio(first) == 0.1 and timed == [head, None]

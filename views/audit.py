@@ -13,7 +13,7 @@ from diagnostics.audit.collect import Sampling, collect
 from diagnostics.audit.external import DEFAULT_DETECT_TV, audit_samples, audit_scored_samples
 from diagnostics.audit.reporting import (json_safe, number, pair_rows, readable_settings, summary_line, worst_position_rows,
                                          worst_prompt_rows)
-from diagnostics.audit.samples import MAX_FILE_BYTES, SamplesError, load_samples, retokenize
+from diagnostics.audit.samples import MAX_FILE_BYTES, SamplesError, load_samples, retokenize_with_target, target_tokenize
 from diagnostics.audit.two_sample import two_sample_audit
 from diagnostics.audit.suite import (
     ENGINE_IMPLEMENTATIONS,
@@ -254,17 +254,15 @@ def external_form() -> None:
     target = cached_model(target_name.strip() or "default") if oracle == "target" else None
     if fields is not None:
         out = Path("data") / f"samples-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
-        tokenize = (lambda text: list(target.tokenizer(text)["input_ids"])) if target is not None and target.tokenizer else None
-        eos_id = target.tokenizer.eos_token_id if target is not None and target.tokenizer else None
+        tokenize, eos_id = target_tokenize(target)
         samples = _collect_on_page(fields, fields["url"], out, 0, True, tokenize, eos_id, scores)
         st.caption(md("collected into {path}", path=str(out)))
         if baseline_url:
             baseline = _collect_on_page(fields, baseline_url.strip(), out.with_name(out.stem + ".baseline.jsonl"),
                                         len(fields["prompts"]) * fields["n"], False, tokenize, eos_id)
     source_name = "uploaded file" if fields is None else str(out)
-    if target is not None and target.tokenizer is not None and any(sample.text_only for sample in samples):
-        tokenizer = target.tokenizer  # text-only lines: ids from the target's tokenizer, as the CLI's --target gives
-        retokenize(samples, lambda text: list(tokenizer(text)["input_ids"]), tokenizer.eos_token_id)
+    if target is not None:  # text-only lines: ids from the target's tokenizer, as the CLI's --target gives
+        retokenize_with_target(target, [samples])
     if baseline is not None:
         result = two_sample_audit(samples, baseline, detect_tv=float(detect), source=source_name)
     elif oracle == "server":

@@ -422,11 +422,20 @@ def sample_from_answer(answer: dict[str, Any], prompt: str, sampling: Sampling, 
     return parse_sample(line, f"the answer to seed {seed}")
 
 
-def _open_out(out: Path):
-    """``out`` opened to append, refused when it is a symlink (dangling or not) or not a regular file,
-    so the generations never land where a link points."""
+def check_out(out: Path, *, new: bool = False) -> None:
+    """Refuse ``out`` (``--out``) when it is a symlink (dangling or not) or exists and is not a regular
+    file, so generations never land where a link points; with ``new``, also when it exists at all
+    (collected generations are never overwritten). The one check, for the CLI and the collector."""
     if out.is_symlink() or (out.exists() and not out.is_file()):
         raise EndpointError(f"{out} is a symlink or not a regular file: give --out a plain file path")
+    if new and out.exists():
+        raise EndpointError(f"{out} exists: give another --out (collected generations are never overwritten)")
+
+
+def _open_out(out: Path):
+    """``out`` opened to append, checked again (``check_out``) right before, and opened without
+    following a link (``O_NOFOLLOW``)."""
+    check_out(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
         descriptor = os.open(out, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
@@ -458,8 +467,7 @@ def collect(endpoint: str, model: str, prompts: list[str], out: str | Path, *, n
     if not prompts:
         raise EndpointError("no prompts to send")
     out = Path(out)
-    if out.is_symlink() or (out.exists() and not out.is_file()):
-        raise EndpointError(f"{out} is a symlink or not a regular file: give --out a plain file path")
+    check_out(out)
     client = Client(endpoint, rate=rate, api_key=api_key, timeout_s=timeout_s, total_timeout_s=collect_timeout_s)
     client.get("/v1/models")  # a clear error before anything else when the server is not there
     tokenize = tokenize or server_tokenizer(client)

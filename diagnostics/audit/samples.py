@@ -265,6 +265,30 @@ def retokenize(samples: list[Sample], tokenize: Callable[[str], list[int]], eos_
     return done
 
 
+def target_tokenize(target: Any) -> tuple[Callable[[str], list[int]] | None, int | None]:
+    """``target``'s tokenizer as a text → ids function and its EOS id; ``(None, None)`` without a
+    target or a tokenizer (the collector then asks the server's)."""
+    tokenizer = getattr(target, "tokenizer", None)
+    if tokenizer is None:
+        return None, None
+    return (lambda text: list(tokenizer(text)["input_ids"])), tokenizer.eos_token_id
+
+
+def retokenize_with_target(target: Any, groups: list[list[Sample]], named: str = "the target") -> int:
+    """Text-only lines of each group get their ids from ``target``'s tokenizer (``retokenize``), as the
+    CLI's ``--target`` and the Audit page both need; returns how many. A text-only line and a target
+    without a tokenizer is a ``SamplesError`` naming the line and the target (``named``), not a later,
+    unrelated refusal."""
+    first = next((sample for group in groups for sample in group if sample.text_only), None)
+    if first is None:
+        return 0
+    tokenize, eos_id = target_tokenize(target)
+    if tokenize is None:
+        raise SamplesError(f"{first.where or 'a line'} has text but no token_ids, and {named} has no tokenizer to make them: "
+                           "give token_ids, or a target with its tokenizer")
+    return sum(retokenize(group, tokenize, eos_id) for group in groups)
+
+
 def parse_sample(obj: Any, where: str) -> Sample:
     """One line's object as a ``Sample``; ``SamplesError`` (naming ``where``) when it cannot be."""
     if not isinstance(obj, dict):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from pathlib import Path
@@ -24,8 +25,10 @@ def command_audit(args: argparse.Namespace) -> int:
         raise AuditError("--oracle server audits generations: add --samples FILE (with scores) or --endpoint URL")
     if args.baseline_endpoint and not args.endpoint:
         raise AuditError("--baseline-endpoint compares with --endpoint URL: give both")
+    # --target's model, loaded at most once: the collector takes its tokenizer, the audit its law.
+    load_target = functools.cache(lambda: _local_target(args.target))
     if args.endpoint:
-        samples_file = _collect(args)
+        samples_file = _collect(args, load_target)
         if samples_file is None:
             return 0
     if args.baseline_samples and not samples_file:
@@ -39,7 +42,7 @@ def command_audit(args: argparse.Namespace) -> int:
     if args.tree and not (args.engine or args.all):
         raise AuditError("--tree audits the tree engine: add --engine ours (or a planted tree bug), or --all")
     if samples_file:
-        results = [_audit_samples(args, samples_file)]
+        results = [_audit_samples(args, samples_file, load_target)]
     elif args.engine and args.write_samples:
         _write_engine_samples(args, args.engine)
         return 0
@@ -73,12 +76,12 @@ def _samples_file(args: argparse.Namespace) -> str | None:
     return args.samples
 
 
-def _collect(args: argparse.Namespace) -> str | None:
+def _collect(args: argparse.Namespace, load_target) -> str | None:
     """``--endpoint``: collect ``--n`` generations per prompt into ``--out`` (and the baseline's into
     ``OUT.baseline.jsonl``), then audit them like a file; ``None`` when there is nothing to audit against."""
     import time as clock
 
-    from diagnostics.audit.collect import EndpointError, Sampling, collect
+    from diagnostics.audit.collect import EndpointError, Sampling, check_out, collect
     from diagnostics.evaluation.prompts import load_prompts
 
     if not args.model or not args.prompts:
@@ -91,12 +94,9 @@ def _collect(args: argparse.Namespace) -> str | None:
                         top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
     out = Path(args.out or f"data/samples-{clock.strftime('%Y%m%d-%H%M%S')}.jsonl")
     for path in (out, _baseline_path(out)):
-        if path.is_symlink():  # dangling or not: never written through
-            raise EndpointError(f"{path} is a symlink: give --out a plain file path")
-        if path.exists():
-            raise EndpointError(f"{path} exists: give another --out (collected generations are never overwritten)")
+        check_out(path, new=True)
     timeouts = {"timeout_s": args.timeout, "collect_timeout_s": args.collect_timeout}
-    tokenize, eos_id = _local_tokenizer(args)
+    tokenize, eos_id = _local_tokenizer(args, load_target)
     api_key = os.environ.get("OPENAI_API_KEY")
     collect(args.endpoint, args.model, prompts, out, n=args.n, sampling=sampling, first_seed=args.seed, speculative=True,
             tokenize=tokenize, eos_id=eos_id, rate=args.rate, api_key=api_key, progress=_progress("collecting"),
@@ -119,30 +119,28 @@ def _baseline_path(out: Path) -> Path:
     return out.with_name(out.name.removesuffix(".jsonl") + ".baseline.jsonl")
 
 
-def _local_tokenizer(args: argparse.Namespace):
-    """With --target: its tokenizer and EOS id here (else the server's tokenizer, and no EOS id)."""
+def _local_tokenizer(args: argparse.Namespace, load_target):
+    """With --target: its tokenizer and EOS id here (else the server's tokenizer, and no EOS id);
+    ``load_target`` loads the model once for this and the audit after it."""
     from diagnostics.audit.suite import TINY
 
     if args.target is None or args.target == TINY:  # the tiny target has no tokenizer (and is no hub id to fetch)
         return None, None
-    from diagnostics.models import load_model
+    from diagnostics.audit.samples import target_tokenize
 
-    tokenizer = load_model(args.target, trust_remote_code=False).tokenizer
-    if tokenizer is None:
-        return None, None
-    return (lambda text: list(tokenizer(text)["input_ids"])), tokenizer.eos_token_id
+    return target_tokenize(load_target()[0])
 
 
 def _rule_draws(args: argparse.Namespace) -> int:
     return int(args.samples) if args.samples is not None and not _samples_file(args) else args.draws
 
 
-def _audit_samples(args: argparse.Namespace, path: str) -> dict:
+def _audit_samples(args: argparse.Namespace, path: str, load_target) -> dict:
     """The external audit of a samples file: against --baseline-samples (two-sample), the server's
     scores, or the local copy of --target (teacher forcing under each line's declared settings).
-    Text-only lines get their ids from --target's tokenizer first (``samples.retokenize``)."""
+    Text-only lines get their ids from --target's tokenizer first (``samples.retokenize_with_target``)."""
     from diagnostics.audit.external import audit_samples
-    from diagnostics.audit.samples import load_samples
+    from diagnostics.audit.samples import load_samples, retokenize_with_target
     from diagnostics.audit.suite import AuditError
     from diagnostics.audit.two_sample import two_sample_audit
 
@@ -155,9 +153,9 @@ def _audit_samples(args: argparse.Namespace, path: str) -> dict:
     pending = any(sample.text_only for sample in samples + (baseline or []))
     target = eos = None
     if needs_target or (args.target is not None and (pending or args.oracle == "server")):
-        target, eos = _local_target(args.target)
+        target, eos = load_target()
     if pending and target is not None:
-        _retokenize(target, [samples, baseline or []])
+        retokenize_with_target(target, [samples, baseline or []], "--target")
     if args.oracle == "server":
         return _audit_scored(args, samples, path, target, eos)
     if baseline is not None:
@@ -188,19 +186,6 @@ def _local_target(spec: str):
         return setup.target, setup.eos
     target = load_model(spec, trust_remote_code=False)
     return target, eos_ids(target, None)
-
-
-def _retokenize(target, groups: list[list]) -> None:
-    """Text-only lines' ids from the target's tokenizer (the prompt's ids stripped where the split agrees)."""
-    from diagnostics.audit.samples import SamplesError, retokenize
-
-    if target.tokenizer is None:
-        first = next(sample for group in groups for sample in group if sample.text_only)
-        raise SamplesError(f"{first.where} has text but no token_ids, and --target has no tokenizer to make them: "
-                           "give token_ids, or a --target with its tokenizer")
-    tokenizer = target.tokenizer
-    for group in groups:
-        retokenize(group, lambda text: list(tokenizer(text)["input_ids"]), tokenizer.eos_token_id)
 
 
 def _write_engine_samples(args: argparse.Namespace, implementation: str) -> None:

@@ -28,6 +28,7 @@ from diagnostics.evaluation.sweeper import (
     ensure_cost,
     link_unit,
     open_sweep,
+    pair_cost_ratio,
     sweep_status,
     unit_finished,
     unit_group_id,
@@ -61,11 +62,9 @@ class UnitWorker:
         return os.getpid()
 
     def cost_ratio(self, request: RunRequest) -> float:
-        """The draft/target cost of one step (``cost.draft_cost_ratio``), measured on this worker."""
-        from diagnostics.cost import draft_cost_ratio
-
-        drafter = None if self.draft is None or isinstance(self.draft, str) else self.draft  # a head too, not only a model
-        return draft_cost_ratio(self.target, drafter, checked_prompt_ids(self.target, request))
+        """The draft/target cost of one step, measured on this worker as an in-process sweep measures
+        it (``sweeper.pair_cost_ratio``), at ``request``'s prompt."""
+        return pair_cost_ratio(self.target, self.draft, checked_prompt_ids(self.target, request))
 
     def run_unit(self, unit_index: int, requests: list[RunRequest]) -> tuple[str, list[tuple[list[int], Run]]]:
         """Every member of one unit, in order, with nothing stored: the target's name and, per

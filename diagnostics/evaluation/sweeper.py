@@ -127,19 +127,25 @@ def sweep_status(store: Store, plan: SweepPlan) -> Iterator[None]:
         store.set_sweep_status(plan.sweep_id, "interrupted", units_done=len(plan.finished), error="stopped by the user")
 
 
-def measure_cost_ratio(target: Any, draft: Any, settings: dict[str, Any]) -> float:
-    """The draft/target cost ratio ``c`` of one step (``cost.draft_cost_ratio``) for the sweep's
-    pair at its first prompt. ``draft``: loaded, or a spec (loaded here); a head is timed as a
-    head (a ``LoadedHead`` has no ``.model``: timing only ``.model`` gave heads c = 0)."""
+def pair_cost_ratio(target: Any, draft: Any, prompt_ids: list[int]) -> float:
+    """The draft/target cost ratio ``c`` of one step (``cost.draft_cost_ratio``) at ``prompt_ids``,
+    measured here: the one timing of a sweep's pair, in process and on a Ray worker alike.
+    ``draft``: loaded, or a spec (loaded here); a head is timed as a head (a ``LoadedHead`` has no
+    ``.model``: timing only ``.model`` gave heads c = 0); none, or an n-gram, runs no forward."""
     from diagnostics.cost import draft_cost_ratio
     from diagnostics.drafts import load_draft
-    from diagnostics.runner import encode_prompt
 
     if isinstance(draft, str):
         draft = load_draft(draft, target)
     drafter = None if draft is None or isinstance(draft, str) else draft  # None or an n-gram spec: no forward
-    base = base_request(settings)
-    return draft_cost_ratio(target, drafter, encode_prompt(target, settings["prompts"][0]["prompt"], base.raw))
+    return draft_cost_ratio(target, drafter, prompt_ids)
+
+
+def measure_cost_ratio(target: Any, draft: Any, settings: dict[str, Any]) -> float:
+    """``pair_cost_ratio`` for the sweep's pair at its first prompt."""
+    from diagnostics.runner import encode_prompt
+
+    return pair_cost_ratio(target, draft, encode_prompt(target, settings["prompts"][0]["prompt"], base_request(settings).raw))
 
 
 def ensure_cost(store: Store, plan: SweepPlan, settings: dict[str, Any], measure: Callable[[], float],
@@ -212,4 +218,4 @@ def run_sweep(
 
 
 __all__ = ["DEFAULT_BATCH_SIZE", "SHARED_FIELDS", "SweepPlan", "base_request", "done_units", "ensure_cost", "expand_rules", "link_unit",
-           "measure_cost_ratio", "open_sweep", "plan_units", "run_sweep", "settings_of", "sweep_status", "unit_finished", "unit_group_id"]
+           "measure_cost_ratio", "open_sweep", "pair_cost_ratio", "plan_units", "run_sweep", "settings_of", "sweep_status", "unit_finished", "unit_group_id"]

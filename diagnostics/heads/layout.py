@@ -132,8 +132,7 @@ def _sizes(target: LoadedModel) -> tuple[int, int, int]:
 
 def _medusa_state(config: MedusaConfig, target: LoadedModel, seed: int, scale: float, init: str) -> dict[str, torch.Tensor]:
     """Medusa's weights under their published names, drawn (or copied from the target) on the host."""
-    with torch.device("meta"):  # shapes only, checked against the memory bound before drawing
-        slots = slots_of(MedusaHeads(config), lambda key: key.removeprefix("heads."))
+    slots = _published_slots("medusa", config)  # shapes only, checked against the memory bound before drawing
     check_memory(slots, "the Medusa heads asked for")
     generator = torch.Generator().manual_seed(seed)
     state = {slot.file_key: _random(slot.shape, slot.file_key, generator, scale) for slot in slots}
@@ -162,8 +161,7 @@ def _eagle3_config(target: LoadedModel, draft_vocab: int | None) -> Eagle3Config
 
 def _eagle3_state(config: Eagle3Config, seed: int, scale: float) -> dict[str, torch.Tensor]:
     """EAGLE-3's weights under their published names, drawn on the host; ``d2t``/``t2d`` map draft id ``i`` to ``i``."""
-    with torch.device("meta"):
-        slots = slots_of(Eagle3Head(config))
+    slots = _published_slots("eagle3", config)
     check_memory(slots, "the EAGLE-3 head asked for")
     generator = torch.Generator().manual_seed(seed)
     state = {slot.file_key: _random(slot.shape, slot.file_key, generator, scale) for slot in slots
@@ -287,7 +285,8 @@ VOCAB_MAP_KINDS = {"d2t": "int", "t2d": "bool"}  # EAGLE-3's vocabulary map: int
 
 
 def _published_slots(kind: str, config: Any) -> list[Slot]:
-    """The tensors of the head ``config`` describes, under their published names (shapes from a meta-device module)."""
+    """The tensors of the head ``config`` describes, under their published names (shapes from a meta-device module):
+    the one list a made head is drawn from and a loaded head's file is checked against."""
     with torch.device("meta"):  # shapes only: nothing is allocated
         if kind == "medusa":
             return slots_of(MedusaHeads(config), lambda key: key.removeprefix("heads."))
