@@ -138,3 +138,46 @@ def test_the_verdict_table_links_each_row_to_its_stored_audits(database, tmp_pat
     table.write_text('{"rows": "no"}')
     at = _audit_page()
     assert any("not a verdict table" in element.value for element in at.error) and table.read_text() == '{"rows": "no"}'
+
+
+def test_a_verdicts_evidence_is_audited_again_on_the_page(database, tmp_path: Path, monkeypatch) -> None:
+    """A fresh clone has the committed evidence files but not the audits: one click audits a
+    side's file again against the embedded target, checked against the table's sha256; a row whose
+    file changed is not offered."""
+    import json
+
+    from diagnostics.models import EMBEDDED_NAME
+    from diagnostics.verdicts.table import sha256
+
+    folder = tmp_path / "verdicts"
+    folder.mkdir()
+    docs = Path(__file__).resolve().parents[1] / "docs" / "verdicts"
+    rows = []
+    for engine, source in (("ours", "ours--t1--on.jsonl"), ("tampered", "ours-plain--t1--off.jsonl")):
+        path = folder / f"{engine}.jsonl"
+        path.write_text("".join(docs.joinpath(source).read_text().splitlines(keepends=True)[:20]))
+        side = {"verdict": "pass", "p_value": 0.5, "tokens": 640, "detectable_tv": 0.1, "file": path.name, "sha256": sha256(path)}
+        rows.append({"engine": engine, "label": f"engine {engine}", "version": "v 1", "policy": "t1", "verdict": "pass",
+                     "target": EMBEDDED_NAME, "settings": {"temperature": 1.0, "detect_tv": 0.1, "level": 0.01},
+                     "on": side, "off": side, "provenance": "run here", "time_s": 1})
+    (folder / "tampered.jsonl").write_text("{}\n")
+    table = tmp_path / "verdicts.json"
+    table.write_text(json.dumps({"rows": rows}))
+    monkeypatch.setenv("SPECLAB_VERDICTS", str(table))
+    at = _audit_page()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.selectbox(key="verdict_reaudit_row").options == ["engine ours · temperature 1 · pass"]
+    at.button(key="verdict_reaudit_go").click()
+    at.run(timeout=300)
+    assert not at.exception, [e.value for e in at.exception]
+    [stored] = Store(database, read_only=True).list_audits()["audit_id"].tolist()
+    evidence = Store(database, read_only=True).get_audit(stored)["evidence"]
+    assert evidence["layer"] == "external" and evidence["implementation"] == "engine ours (speculation on)"
+    assert evidence["detect_tv"] == 0.1 and evidence["generations"] == 20
+    # The page's audit is the library's: the same file and test give the same figures.
+    from diagnostics.engine import eos_ids
+    from diagnostics.verdicts.table import reaudit_side
+
+    target = load_model("default")
+    library = reaudit_side(rows[0], "on", folder, target, eos_ids(target, None))
+    assert (evidence["verdict"], evidence["p_value"], evidence["tokens"]) == (library["verdict"], library["p_value"], library["tokens"])

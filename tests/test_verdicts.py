@@ -16,9 +16,11 @@ import pytest
 from tiny_models import save_tiny_model
 
 from diagnostics.cli import main
+from diagnostics.engine import eos_ids
+from diagnostics.models import load_model
 from diagnostics.store import Store
-from diagnostics.verdicts.render import END, START, markdown_table
-from diagnostics.verdicts.table import CONTROL_FAILED, check_table, row_verdict, sha256
+from diagnostics.verdicts.render import END, START, display_rows, markdown_table
+from diagnostics.verdicts.table import CONTROL_FAILED, check_table, evidence_file, reaudit_side, row_verdict, sha256
 
 PROMPT = "w1 w2 w3 w1 w2"
 
@@ -61,6 +63,12 @@ def test_a_real_engines_row_end_to_end_with_its_control_evidence_and_resume(mode
         lines = [json.loads(text) for text in path.read_text().splitlines()]
         assert {item["speculative"] for item in lines} == {speculative} and all(item["max_tokens"] == 12 for item in lines)
         assert store.get_audit(evidence["audit_id"])["evidence"]["verdict"] == evidence["verdict"]
+    # Anyone can audit a side's committed evidence again: the same file and test give the same verdict and p.
+    target_model = load_model(models[0])
+    again = reaudit_side(row, "on", tmp_path / "evidence", target_model, eos_ids(target_model, None))
+    assert (again["verdict"], again["p_value"], again["tokens"]) == (row["on"]["verdict"], row["on"]["p_value"], row["on"]["tokens"])
+    with pytest.raises(ValueError, match="names no evidence file"):
+        evidence_file({**row, "off": {**row["off"], "file": "../verdicts.json"}}, "off", tmp_path / "evidence")
     text = readme.read_text()
     assert "old table" not in text and text.startswith("# Title\n\nbefore\n") and text.endswith(f"{END}\nafter\n")
     assert "transformers generate, assistant model" in text and "| pass |" in text
@@ -71,6 +79,8 @@ def test_a_real_engines_row_end_to_end_with_its_control_evidence_and_resume(mode
     on_file = tmp_path / "evidence" / row["on"]["file"]
     made_by_workers = on_file.read_text().splitlines()
     on_file.write_text("".join(line + "\n" for line in made_by_workers[:10]))
+    with pytest.raises(ValueError, match="changed since the verdict was made"):
+        evidence_file(row, "on", tmp_path / "evidence")
     assert main([*command, "--workers", "1"]) == 0
     assert "kept" not in capsys.readouterr().err
     again = json.loads((tmp_path / "verdicts.json").read_text())["rows"][0]
@@ -119,6 +129,16 @@ def _table(**changes) -> dict:
     row = {"engine": "vllm-eagle3", "label": "vLLM, EAGLE-3", "version": "vllm 0.9.1", "policy": "t1", "verdict": "pass",
            "settings": {"temperature": 1.0, "top_k": None}, "on": _side(), "off": _side(), "provenance": "run here", **changes}
     return {"rows": [row]}
+
+
+def test_a_side_failed_by_impossible_tokens_says_so_beside_its_p_value() -> None:
+    # A side with tokens of probability 0 fails whatever its PIT p-value says: the cell must say why.
+    table = _table(verdict=CONTROL_FAILED, on=_side(verdict="fail", p_value=0.7, impossible=32),
+                   off=_side(verdict="fail", p_value=0.6, impossible=30))
+    [row] = display_rows(table)
+    assert row["p"] == "0.7 · 32 impossible tokens"
+    assert row["control (off)"] == "fail (p 0.6 · 30 impossible tokens)"
+    assert display_rows(_table())[0]["p"] == "0.4"  # none impossible: the p-value alone
 
 
 def test_a_table_from_elsewhere_is_imported_with_its_origin_and_runs_nothing(tmp_path: Path, capsys) -> None:

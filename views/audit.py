@@ -338,7 +338,7 @@ with st.expander("New audit", expanded=store.list_audits().empty or st.session_s
     except (AuditError, RuleError, ModelError, ValueError) as error:
         show_error(error)
 
-verdict_table(store)
+verdict_table(store, _save)
 
 st.subheader("Audits")
 audits = store.list_audits()

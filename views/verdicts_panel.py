@@ -6,23 +6,27 @@ shown as data, never as Markdown."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import quote
 
 import pandas as pd
 import streamlit as st
 
+from diagnostics.engine import eos_ids
+from diagnostics.models import DEFAULT_TARGET, EMBEDDED_NAME, ModelError
 from diagnostics.store import Store
-from diagnostics.verdicts.render import display_rows
-from diagnostics.verdicts.table import load_table
-from views.common import show_error
+from diagnostics.verdicts.render import display_rows, policy_text
+from diagnostics.verdicts.table import evidence_file, load_table, reaudit_side
+from views.common import cached_model, plain, show_error
 
 TABLE = Path(__file__).resolve().parents[1] / "docs" / "verdicts.json"
 
 
-def verdict_table(store: Store) -> None:
+def verdict_table(store: Store, save: Callable[[dict], None]) -> None:
     """The table (``$SPECLAB_VERDICTS``, else the project's ``docs/verdicts.json``) with a link to
-    each side's stored audit (``?audit=ID``) when this database has it."""
+    each side's stored audit (``?audit=ID``) when this database has it, and a form that audits a
+    row's committed evidence again here (``save`` stores and selects the result)."""
     path = Path(os.environ.get("SPECLAB_VERDICTS") or TABLE)
     st.subheader("Verdicts on real engines")
     try:
@@ -47,3 +51,48 @@ def verdict_table(store: Store) -> None:
                "reads 'control failed: settings not matched'. 'detects TV ≥': the smallest distortion the sample finds at 90% "
                "power. Evidence: the generations file (in docs/verdicts) and its sha256; the audit links open the stored "
                "audits where this database holds them.")
+    reaudit_form(table, path.with_suffix(""), save)
+
+
+def _checkable(row: dict, folder: Path) -> bool:
+    """A row whose evidence is here, unchanged, and was audited against the embedded target."""
+    if row.get("provenance") != "run here" or row.get("target") != EMBEDDED_NAME:
+        return False
+    try:
+        for side in ("on", "off"):
+            evidence_file(row, side, folder)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def reaudit_form(table: dict, folder: Path, save: Callable[[dict], None]) -> None:
+    """Audit one side of a row again from its committed generations file (sha256 checked), against
+    the embedded target: a fresh clone reproduces a verdict without running the engine."""
+    rows = [row for row in table["rows"] if _checkable(row, folder)]
+    if not rows:
+        st.caption("No row's evidence files are here unchanged (they live beside the table, in "
+                   "docs/verdicts/), so none can be audited again on this page.")
+        return
+    with st.expander("Audit a verdict's evidence again here"):
+        st.caption("The same generations file (its sha256 checked against the table), the same test and sample size, "
+                   "against the embedded target on this machine: the verdict and p-value come out as the table's. "
+                   "About a minute for 10,000 tokens on a CPU.")
+        left, right = st.columns([3, 1])
+        index = left.selectbox("Row", range(len(rows)), key="verdict_reaudit_row",
+                               format_func=lambda i: plain(f"{rows[i]['label']} · {policy_text(rows[i]['settings'])} · "
+                                                           f"{rows[i]['verdict']}"))
+        side = right.radio("Side", ["on", "off"], horizontal=True, key="verdict_reaudit_side",
+                           format_func={"on": "speculation on", "off": "off (control)"}.get)
+        if not st.button("Audit this evidence again", key="verdict_reaudit_go"):
+            return
+        try:
+            target = cached_model(DEFAULT_TARGET)
+            bar = st.progress(0.0, text="Teacher forcing…")
+            result = reaudit_side(rows[index], side, folder, target, eos_ids(target, None),
+                                  progress=lambda done, total: bar.progress(done / total, text=f"Teacher forcing {int(done)}/{int(total)}"))  # literal-ok: counts
+            bar.empty()
+        except (ModelError, OSError, ValueError) as error:
+            show_error(error)
+            return
+        save(result)

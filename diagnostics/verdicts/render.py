@@ -33,6 +33,13 @@ def policy_text(settings: dict[str, Any]) -> str:
     return " · ".join(words)
 
 
+def _side_p(side: dict[str, Any]) -> str:
+    """A side's p-value, with the tokens the law gives probability 0 (a fail whatever p says)."""
+    impossible = side.get("impossible")
+    extra = f" · {impossible:,} impossible tokens" if isinstance(impossible, int) and impossible > 0 else ""
+    return f"{_figure(side.get('p_value'), '.2g')}{extra}"
+
+
 def display_rows(table: dict[str, Any]) -> list[dict[str, str]]:
     """One dict of readable cells per row (plain text, not Markdown: the page shows them as data)."""
     out = []
@@ -42,9 +49,9 @@ def display_rows(table: dict[str, Any]) -> list[dict[str, str]]:
                     f"{_figure(on.get('distortion_high'), '.3f')}]")
         out.append({
             "engine": row["label"], "version": row["version"], "policy": policy_text(row["settings"]), "verdict": row["verdict"],
-            "p": _figure(on.get("p_value"), ".2g"), "tokens": _figure(on.get("tokens"), ","),
+            "p": _side_p(on), "tokens": _figure(on.get("tokens"), ","),
             "detects TV ≥": _figure(on.get("detectable_tv"), ".3f"), "distortion [95%]": interval,
-            "control (off)": f"{off.get('verdict')} (p {_figure(off.get('p_value'), '.2g')})",
+            "control (off)": f"{off.get('verdict')} (p {_side_p(off)})",
             "evidence": f"{on.get('file') or '–'} sha256 {str(on.get('sha256') or '–')[:12]} · audit {on.get('audit_id') or '–'}",
             "time here": f"{_figure(row.get('time_s'), '.0f')} s" if row.get("provenance") == "run here" else str(row.get("provenance")),
         })

@@ -315,3 +315,36 @@ def stored_row(table: dict[str, Any], engine: str, policy_name: str, folder: Pat
             if all(path.is_file() and sha256(path) == row[side].get("sha256") for path, side in zip(files, ("on", "off"))):
                 return row
     return None
+
+
+def evidence_file(row: dict[str, Any], side: str, folder: Path) -> Path:
+    """The generations file of one side (``on`` / ``off``) of a row, in ``folder``, checked to be
+    the file the verdict was made from: its sha256 must equal the one the table states. The name
+    comes from the table (untrusted): only a plain file name inside ``folder`` is accepted."""
+    evidence = row[side]
+    name = str(evidence.get("file") or "")
+    if not name or Path(name).name != name or name.startswith("."):
+        raise ValueError(f"the {side} side names no evidence file in {folder}: rerun the row with python -m diagnostics verdicts")
+    path = folder / name
+    if not path.is_file():
+        raise ValueError(f"{path} is missing: it is the {side} side's evidence; restore it from the repository or rerun the row")
+    if sha256(path) != evidence.get("sha256"):
+        raise ValueError(f"{path} changed since the verdict was made (its sha256 differs from the table's): restore it from the "
+                         "repository or rerun the row with --rerun")
+    return path
+
+
+def reaudit_side(row: dict[str, Any], side: str, folder: Path, target: Any, eos: set[int],
+                 progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """The external audit of one side's committed evidence again, here, against ``target`` at the
+    row's own ``detect_tv`` and level: the same file (hash checked), the same test, so the same
+    verdict and p-value as the table's when ``target`` is the row's target."""
+    from diagnostics.audit.external import DEFAULT_DETECT_TV, audit_samples
+
+    path = evidence_file(row, side, folder)
+    settings = row.get("settings") or {}
+    result = audit_samples(load_samples(path), target, level=float(settings.get("level") or 0.01),
+                           detect_tv=float(settings.get("detect_tv") or DEFAULT_DETECT_TV), source=path.name, eos=eos,
+                           progress=progress).as_dict()
+    result["implementation"] = f"{row.get('label')} (speculation {side})"
+    return result
