@@ -5,16 +5,16 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+
+from diagnostics.serving import served
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "tests" / "artifacts"
@@ -40,12 +40,6 @@ def chromium_path() -> str:
     pytest.skip(message)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 # Streamlit started under an audit hook that writes every process the server starts (Python's
 # audit events for subprocesses, exec, fork and spawn) to a log: what a page ran is visible.
 _SPAWN_LOGGER = """\
@@ -65,45 +59,17 @@ main()
 @contextmanager
 def streamlit_server(env: dict[str, str] | None = None, spawn_log: Path | None = None) -> Iterator[str]:
     """Run the app headless on localhost; yield its URL; stop it afterwards. ``spawn_log``: record
-    there every process the server starts."""
-    port = _free_port()
+    there every process the server starts. Its log goes to tests/artifacts."""
     launcher = [sys.executable, "-c", _SPAWN_LOGGER, str(spawn_log)] if spawn_log else [sys.executable, "-m", "streamlit"]
-    command = [
-        *launcher, "run", str(ROOT / "app.py"),
-        "--server.headless", "true", "--server.port", str(port), "--server.address", "127.0.0.1",
-        "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
-    ]
-    # The server's output goes to a file, never to an unread pipe: once a pipe's 64 KiB buffer
-    # fills, the server blocks on its next log line and every page stops answering.
+
+    def command(port: int) -> list[str]:
+        return [*launcher, "run", str(ROOT / "app.py"), "--server.headless", "true", "--server.port", str(port),
+                "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
+
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    log_path = ARTIFACTS / f"streamlit-{port}.log"
-    log = log_path.open("wb")
-    process = subprocess.Popen(
-        command, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/_stcore/health", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                output = log_path.read_bytes().decode(errors="replace")
-                raise RuntimeError(f"streamlit did not start: {output[-2000:]}")
-            time.sleep(0.3)
+    log = ARTIFACTS / f"streamlit-{os.getpid()}-{time.monotonic_ns()}.log"
+    with served(command, log, "streamlit", ready_path="/_stcore/health", env=env or {}, cwd=ROOT) as url:
         yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
 
 
 @contextmanager

@@ -16,42 +16,21 @@ import json
 import os
 import subprocess
 import sys
-import time
-import urllib.request
-from pathlib import Path
+from contextlib import ExitStack
 
 import pytest
-from browser_support import _free_port
 
 from diagnostics.audit.samples import load_samples, write_samples
 from diagnostics.cli import main
 from diagnostics.models import embedded_gguf_path
+from diagnostics.serving import free_port
+from diagnostics.verdicts.servers import llama_cpp_server
 
 if os.environ.get("REQUIRE_LLAMA_SERVER") != "1":
     pytest.importorskip("llama_cpp.server", reason="llama-cpp-python[server] is not installed (requirements-test.txt)")
 
 PER_PROMPT = 60
 PROMPTS = ['1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,', "The cat sat on the mat. The cat sat on the mat. The cat"]
-
-
-def _server(speculative: bool, log: Path):
-    port = _free_port()
-    command = [sys.executable, "-m", "llama_cpp.server", "--model", str(embedded_gguf_path()), "--port", str(port), "--host", "127.0.0.1",
-               "--n_threads", "1", "--n_ctx", "512"]
-    if speculative:
-        command += ["--draft_model", "prompt-lookup-decoding", "--draft_model_num_pred_tokens", "4"]
-    process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            urllib.request.urlopen(url + "/v1/models", timeout=2).read()
-            return process, url
-        except OSError:
-            if process.poll() is not None:
-                raise AssertionError(f"the llama.cpp server exited: {log.read_text()[-2000:]}")
-            time.sleep(0.1)
-    process.kill()
-    raise AssertionError("the llama.cpp server did not answer in 60 s")
 
 
 @pytest.fixture(scope="module")
@@ -62,25 +41,20 @@ def collected(tmp_path_factory):
     folder = tmp_path_factory.mktemp("llama")
     prompts = folder / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": prompt}) + "\n" for prompt in PROMPTS))
-    servers, jobs, files = [], {}, {}
-    try:
+    jobs, files = {}, {}
+    with ExitStack() as servers:
         for speculative, seed in ((True, 0), (False, 100_000)):
-            process, url = _server(speculative, folder / f"server-{speculative}.log")
-            servers.append(process)
+            url = servers.enter_context(llama_cpp_server(embedded_gguf_path(), speculative, folder / f"server-{speculative}.log"))
             out = folder / f"{'on' if speculative else 'off'}.jsonl"
             command = [sys.executable, "-m", "diagnostics", "audit", "--endpoint", url, "--model", "smollm2", "--prompts",
                        str(prompts), "--n", str(PER_PROMPT), "--max-tokens", "16", "--temperature", "0.7", "--target", "default",
                        "--detect-tv", "0.1", "--seed", str(seed), "--out", str(out)]
-            jobs[speculative] = (out, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                                       env={**os.environ, "OMP_NUM_THREADS": "1"}))
+            jobs[speculative] = (out, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                                       text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}))
         for speculative, (out, job) in jobs.items():
             stdout, stderr = job.communicate(timeout=600)
             assert job.returncode == 0, stderr[-2000:]
             files[speculative] = (out, json.loads(stdout.strip().splitlines()[-1]))
-    finally:
-        for process in servers:
-            process.terminate()
-            process.wait(timeout=30)
     return files
 
 
@@ -136,7 +110,7 @@ def test_a_misdeclared_temperature_from_the_server_fails(collected, tmp_path, ca
 def test_an_unreachable_endpoint_is_a_one_line_error(tmp_path, capsys) -> None:
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "hi"}\n')
-    port = _free_port()
+    port = free_port()
     assert main(["audit", "--endpoint", f"http://127.0.0.1:{port}", "--model", "m", "--prompts", str(prompts),
                  "--baseline-endpoint", f"http://127.0.0.1:{port}", "--out", str(tmp_path / "s.jsonl")]) == 2
     error = capsys.readouterr().err

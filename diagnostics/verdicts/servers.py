@@ -5,12 +5,8 @@ the endpoint collector (``audit.collect``), which states every sampling setting.
 
 from __future__ import annotations
 
-import socket
-import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,9 +14,9 @@ from typing import Any
 
 from diagnostics.audit.samples import Sample, load_samples
 from diagnostics.policy import Policy
+from diagnostics.serving import served
 
 LLAMA_LOOKUP_TOKENS = 4
-START_TIMEOUT_S = 120
 
 
 def llama_cpp_version() -> str:
@@ -31,44 +27,6 @@ def llama_cpp_version() -> str:
     except PackageNotFoundError:
         raise RuntimeError("llama-cpp-python[server] is not installed: pip install -r requirements-test.txt "
                            "(it builds llama.cpp: cmake and a C++ compiler)") from None
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-@contextmanager
-def served(command: Callable[[int], list[str]], log: Path, name: str, ready_path: str = "/v1/models",
-           timeout_s: float = START_TIMEOUT_S) -> Iterator[str]:
-    """Start ``command(port)`` (a server on 127.0.0.1 at a free port, its output to ``log``), wait
-    until ``ready_path`` answers 200, yield its URL, and stop it after. A server that exits first, or
-    does not answer within ``timeout_s``, is a ``RuntimeError`` naming ``name`` and the log."""
-    port = _free_port()
-    with log.open("w") as output:
-        process = subprocess.Popen(command(port), stdout=output, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                urllib.request.urlopen(url + ready_path, timeout=2).read()
-                break
-            except OSError:  # refused, or an HTTP error such as 503 while the model loads
-                if process.poll() is not None:
-                    raise RuntimeError(f"{name} exited (status {process.returncode}); its log: {log}") from None
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{name} did not answer in {timeout_s:g} s; its log: {log}") from None
-                time.sleep(0.2)
-        yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 @contextmanager
