@@ -1,6 +1,8 @@
 """A fake vLLM/SGLang server over a tiny target, for tests: vLLM's ``/v1/completions`` (sampling
 the exact law; scoring with ``prompt_logprobs``) and ``/tokenize`` (space-separated integers), and
-SGLang's ``/generate`` scoring. ``FakeVllm.bug`` plants a score or sampling bug."""
+SGLang's ``/generate`` scoring, and llama.cpp's own ``/completion`` (with ``return_tokens``).
+``FakeVllm.bug`` plants a score or sampling bug; "drop" is llama-server's speculative bookkeeping
+slip: the count says n_predict while the last token of every third generation is not returned."""
 
 from __future__ import annotations
 
@@ -47,7 +49,7 @@ class FakeVllm(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        if self.path not in ("/tokenize", "/generate", "/v1/completions") or (self.path == "/tokenize" and "prompt" not in body):
+        if self.path not in ("/tokenize", "/generate", "/v1/completions", "/completion") or (self.path == "/tokenize" and "prompt" not in body):
             self.send_error(404 if self.path != "/tokenize" else 400)  # vLLM's /tokenize reads "prompt" only
             return None
         if self.path == "/tokenize":
@@ -69,6 +71,8 @@ class FakeVllm(BaseHTTPRequestHandler):
                 entry[str(ids[i])] = {"logprob": float(laws[i - 1, ids[i]]), "rank": ranks.index(ids[i]) + 1}
                 entries.append(entry)
             return self._answer({"choices": [{"text": "", "prompt_logprobs": entries}]})
+        native = self.path == "/completion"
+        length = body["n_predict"] if native else body["max_tokens"]
         ids = [int(word) for word in body["prompt"].split()]
         generator = torch.Generator().manual_seed(body["seed"])
         policy = Policy(temperature=body["temperature"], top_k=body["top_k"] or None,
@@ -77,9 +81,13 @@ class FakeVllm(BaseHTTPRequestHandler):
             policy = Policy(temperature=body["temperature"] * 1.5, top_k=policy.top_k)
         new = []
         with torch.inference_mode():
-            for _ in range(body["max_tokens"]):
+            for _ in range(length):
                 logits = self.target.model(input_ids=torch.tensor([ids + new]), use_cache=False).logits[0, -1:].double()
                 new.append(int(torch.multinomial(probabilities(logits, policy)[0], 1, generator=generator)))
+        if native:
+            returned = new[:-1] if self.bug == "drop" and body["seed"] % 3 == 0 else new
+            return self._answer({"content": " " + " ".join(map(str, returned)), "stop_type": "limit",
+                                 "tokens_predicted": len(new), **({"tokens": returned} if body.get("return_tokens") else {})})
         self._answer({"choices": [{"text": " " + " ".join(map(str, new)), "token_ids": new, "finish_reason": "length"}],
                       "usage": {"completion_tokens": len(new)}})
 

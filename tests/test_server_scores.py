@@ -207,3 +207,31 @@ def test_unsupported_settings_and_misuse_are_one_line_errors(server, prompts, tm
     (tmp_path / "bad.jsonl").write_text(json.dumps(line) + "\n")
     assert main(["audit", "--samples", str(tmp_path / "bad.jsonl"), "--oracle", "server"]) == 2
     assert "one entry per token id" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bug", [None, "drop"])
+def test_llama_cpp_native_ids_and_generations_cut_short(server, tmp_path, bug) -> None:
+    """llama-server's own /completion returns the ids it generated, so nothing is retokenised or left
+    out. Its speculative path once dropped accepted tokens at the length limit while still reporting
+    n_predict: a generation ended by length, short of max_tokens, without EOS, has probability 0
+    under the declared law, and the audit fails it (the per-token test alone cannot see a dropped token)."""
+    from diagnostics.audit.collect import Sampling, collect
+    from diagnostics.audit.external import audit_samples
+
+    target = tiny_setup(DEVICE).target
+    _Fake.bug = bug
+    try:
+        out = collect(server, "tiny", PROMPTS, tmp_path / "native.jsonl", n=PER_PROMPT, sampling=Sampling(max_tokens=12),
+                      rate=10_000, api="llama.cpp", tokenize=lambda text: [int(word) for word in text.split()])
+    finally:
+        _Fake.bug = None
+    samples = load_samples(out)
+    assert all(sample.ids_source == "engine" and sample.finish_reason == "length" for sample in samples)
+    result = audit_samples(samples, target, detect_tv=0.1)
+    dropped = sum(len(sample.token_ids) < 12 for sample in samples)
+    if bug is None:
+        assert dropped == 0 and result.verdict == "pass" and result.stopped_short == 0, result.reasons
+    else:
+        assert dropped == len(samples) // 3 and result.stopped_short == dropped and result.verdict == "fail"
+        assert any("ended by length with fewer tokens than their max_tokens" in reason for reason in result.reasons)
+        assert result.p_value > 0.01  # what survives follows the law: only the length check catches it

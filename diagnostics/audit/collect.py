@@ -7,7 +7,8 @@ The traps engines have, and what this does about them:
 * **Defaults are not the law you think.** llama.cpp samples with ``top_k 40``, ``top_p 0.95``,
   ``min_p 0.05`` and ``repeat_penalty 1.1`` unless told otherwise: every request states every
   setting (off as ``top_k 0``, ``top_p 1``, ``min_p 0``, penalties neutral).
-* **Ids.** Where the response carries the generated ids (vLLM's ``token_ids``) they are used.
+* **Ids.** Where the response carries the generated ids (vLLM's ``token_ids``, llama-server's
+  ``tokens`` from its own ``/completion`` with ``return_tokens``: ``api="llama.cpp"``) they are used.
   Otherwise the text is tokenised (``tokenize``: the target's tokenizer here, or the server's own
   ``/extras/tokenize`` or ``/tokenize``). A text whose ids do not number what the engine reports
   (``usage.completion_tokens``) was sampled as a non-canonical split: its ids are unknown, and the
@@ -66,6 +67,7 @@ COLLECT_TIMEOUT_S = 6 * 3600.0  # a whole collection (one --out file)
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
 MAX_REDIRECTS = 5
 READ_CHUNK = 64 * 1024
+COMPLETION_APIS = ("openai", "llama.cpp")  # /v1/completions, or llama-server's /completion with its ids
 DEFAULT_PORTS = {"http": 80, "https": 443}
 REDIRECTS = (301, 302, 303, 307, 308)
 RETRIED_STATUSES = (429, 500, 502, 503, 504)
@@ -97,6 +99,12 @@ class Sampling:
         return {"max_tokens": self.max_tokens, "temperature": self.temperature, "top_k": self.top_k or 0,
                 "top_p": 1.0 if self.top_p is None else self.top_p, "min_p": self.min_p or 0.0, "repeat_penalty": 1.0,
                 "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "n": 1, "stream": False}
+
+    def llama_cpp_fields(self) -> dict[str, Any]:
+        """The same settings for llama.cpp's own ``/completion`` (``n_predict`` for max_tokens)."""
+        fields = self.request_fields()
+        fields["n_predict"] = fields.pop("max_tokens")
+        return fields
 
 
 def origin(url: str) -> tuple[str, str, int]:
@@ -392,10 +400,25 @@ def kept_raw(answer: dict[str, Any], raw_bytes: bytes | None = None) -> Any:
             "head": received[: RAW_HEAD_CHARS * 4].decode("utf-8", "replace")[:RAW_HEAD_CHARS]}
 
 
+def openai_shape(answer: dict[str, Any]) -> dict[str, Any]:
+    """llama.cpp's ``/completion`` answer (``content``, ``tokens`` with ``return_tokens``,
+    ``tokens_predicted``, ``stop_type``) in the shape of an OpenAI completion with vLLM's
+    ``token_ids``: the engine's own ids, so nothing is retokenised and none is left out.
+    ``stop_type`` "limit" (n_predict reached) is finish reason "length"; "eos" and "word" are "stop"."""
+    if not isinstance(answer.get("content"), str):
+        raise EndpointError("the answer has no content: is it llama.cpp's llama-server /completion?")
+    stop_type = answer.get("stop_type")
+    finish = "length" if stop_type == "limit" else "stop" if stop_type in ("eos", "word") else None
+    return {"choices": [{"text": answer["content"], "token_ids": answer.get("tokens"), "finish_reason": finish}],
+            "usage": {"completion_tokens": answer.get("tokens_predicted")}}
+
+
 def sample_from_answer(answer: dict[str, Any], prompt: str, sampling: Sampling, seed: int, engine: str,
                        speculative: bool | None, tokenize: Callable[[str], list[int]], prompt_ids: list[int],
-                       eos_id: int | None, raw_bytes: bytes | None = None) -> Sample:
-    """One response as a ``Sample`` (checked like a line of a file), its raw answer kept (``kept_raw``)."""
+                       eos_id: int | None, raw_bytes: bytes | None = None, native: dict[str, Any] | None = None) -> Sample:
+    """One response as a ``Sample`` (checked like a line of a file), its raw answer kept (``kept_raw``).
+    ``native``: llama.cpp's own answer, of which ``answer`` is the OpenAI shape (``openai_shape``); its
+    count (``tokens_predicted``) may then disagree with its ids: the ids are the evidence, both are kept."""
     choice = _choice(answer)
     text = choice.get("text")
     if not isinstance(text, str):
@@ -407,7 +430,7 @@ def sample_from_answer(answer: dict[str, Any], prompt: str, sampling: Sampling, 
     if engine_ids and len(ids) > sampling.max_tokens:
         raise EndpointError(f"the server returned {len(ids)} token_ids for max_tokens {sampling.max_tokens}: it did not "
                             "generate as asked")
-    problem = _usage_problem(reported, ids if engine_ids else None, text, sampling.max_tokens)
+    problem = _usage_problem(reported, ids if engine_ids and native is None else None, text, sampling.max_tokens)
     if problem:
         raise EndpointError(f"the server's usage.completion_tokens ({reported}) disagrees with {problem}: its token count "
                             f"is wrong (not a tokenisation difference), so its answers cannot be checked (seed {seed})")
@@ -418,7 +441,8 @@ def sample_from_answer(answer: dict[str, Any], prompt: str, sampling: Sampling, 
             "temperature": sampling.temperature, "top_k": sampling.top_k,
             "top_p": sampling.top_p, "min_p": sampling.min_p, "text": text[:200_000], "prompt_ids": prompt_ids or None,
             "engine": engine[:200], "speculative": speculative, "finish_reason": str(finish)[:50] if finish else None,
-            "seed": seed, "completion_tokens": reported, "ids_source": source, "raw": kept_raw(answer, raw_bytes)}
+            "seed": seed, "completion_tokens": reported, "ids_source": source,
+            "raw": kept_raw(answer if native is None else native, raw_bytes)}
     return parse_sample(line, f"the answer to seed {seed}")
 
 
@@ -449,12 +473,14 @@ def collect(endpoint: str, model: str, prompts: list[str], out: str | Path, *, n
             eos_id: int | None = None, rate: float = 20.0, api_key: str | None = None,
             progress: Callable[[int, int], None] | None = None,
             should_stop: Callable[[], bool] | None = None, scores_api: str | None = None, score_logprobs: int = 20,
-            timeout_s: float = TIMEOUT_S, collect_timeout_s: float = COLLECT_TIMEOUT_S) -> Path:
+            timeout_s: float = TIMEOUT_S, collect_timeout_s: float = COLLECT_TIMEOUT_S, api: str = "openai") -> Path:
     """``n`` generations of each prompt from ``endpoint``, appended to ``out`` as they come (a
     stop or a crash keeps what was collected); with ``scores_api``, each scored by the server
     afterwards (its top ``score_logprobs``). Each request ends within ``timeout_s`` (its retries
     within ``RETRY_BUDGET`` times that), the whole collection within ``collect_timeout_s``, and the
-    file within the audit's limits (``MAX_FILE_BYTES``, ``MAX_SAMPLES``). Returns the file."""
+    file within the audit's limits (``MAX_FILE_BYTES``, ``MAX_SAMPLES``). ``api``: "openai"
+    (``/v1/completions``) or "llama.cpp" (llama-server's own ``/completion`` with ``return_tokens``:
+    the generated ids exactly, where the OpenAI route gives only text). Returns the file."""
     if n < 1 or not 1 <= sampling.max_tokens <= MAX_TOKENS:
         raise EndpointError(f"--n must be at least 1 and --max-tokens in [1, {MAX_TOKENS}]")
     if len(prompts) * n > MAX_SAMPLES:
@@ -466,6 +492,8 @@ def collect(endpoint: str, model: str, prompts: list[str], out: str | Path, *, n
         raise EndpointError(f"--score-logprobs must lie in [1, {MAX_TOP}], got {score_logprobs}")
     if not prompts:
         raise EndpointError("no prompts to send")
+    if api not in COMPLETION_APIS:
+        raise EndpointError(f"unknown completion API {api!r}: use one of {', '.join(COMPLETION_APIS)}")
     out = Path(out)
     check_out(out)
     client = Client(endpoint, rate=rate, api_key=api_key, timeout_s=timeout_s, total_timeout_s=collect_timeout_s)
@@ -480,11 +508,18 @@ def collect(endpoint: str, model: str, prompts: list[str], out: str | Path, *, n
                 if should_stop is not None and should_stop():
                     return out
                 seed = first_seed + done
-                answer = client.post("/v1/completions", {"model": model, "prompt": prompt, "seed": seed, **sampling.request_fields()})
+                native = None
+                if api == "llama.cpp":
+                    native = client.post("/completion", {"prompt": prompt, "seed": seed, "return_tokens": True,
+                                                         **sampling.llama_cpp_fields()})
+                    answer = openai_shape(native)
+                else:
+                    answer = client.post("/v1/completions", {"model": model, "prompt": prompt, "seed": seed,
+                                                             **sampling.request_fields()})
                 try:
                     sample = sample_from_answer(answer, prompt, sampling, seed, engine=f"{endpoint} · {model}",
                                                 speculative=speculative, tokenize=tokenize, prompt_ids=prompt_ids, eos_id=eos_id,
-                                                raw_bytes=client.last_raw)
+                                                raw_bytes=client.last_raw, native=native)
                 except SamplesError as error:
                     raise EndpointError(f"the endpoint's answer cannot be used: {error}") from None
                 if scores_api is not None:

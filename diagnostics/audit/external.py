@@ -46,7 +46,7 @@ from diagnostics.audit.engine_level import (
     pits_of,
 )
 from diagnostics.audit.rule_level import DETECTION_POWER, holm
-from diagnostics.audit.samples import Sample, SamplesError, usable
+from diagnostics.audit.samples import Sample, SamplesError, stopped_short, usable
 from diagnostics.engine.drafting import fit_vocabulary
 from diagnostics.gof import required_samples
 from diagnostics.models import float_logits
@@ -87,6 +87,7 @@ class ExternalAudit:
     worst_position: int | None = None
     worst_position_p: float | None = None
     impossible: int = 0
+    stopped_short: int = 0  # generations ended by length short of max_tokens without EOS (``samples.stopped_short``)
     distortion: float | None = None
     distortion_low: float | None = None
     distortion_high: float | None = None
@@ -110,6 +111,10 @@ class ExternalAudit:
         found = []
         if self.impossible:
             found.append(f"{self.impossible} emitted tokens have probability 0 under the declared law")
+        if self.stopped_short:
+            found.append(f"{self.stopped_short} generations ended by length with fewer tokens than their max_tokens and no EOS: "
+                         "the engine dropped tokens (or its context ran out); a sampler that follows the declared law "
+                         "emits max_tokens tokens unless it samples EOS")
         two_sample = self.design.startswith("two-sample")  # a G test of homogeneity, not a PIT
         if self.p_value < self.level / 2:
             found.append(f"the two samples' laws differ (pooled G test of homogeneity): G = {self.statistic:.1f}, "
@@ -293,6 +298,7 @@ def audit_samples(samples: list[Sample], target: Any, *, level: float = 0.01, de
     core = engine_audit(pit, [], [], level=level, implementation="external")
     result = _verdict(core, samples, per_generation, per_prompt, level=level, detect_tv=detect_tv, source=source,
                       design="one-sample: local target", mismatches=len(mismatched), started=started)
+    _check_lengths(result, samples, stop)
     if unknown:
         result.notes.append(unknown_note(unknown))
     return result
@@ -350,6 +356,7 @@ def audit_scored_samples(samples: list[Sample], *, level: float = 0.01, detect_t
     core = engine_audit(scored.pit, [], [], level=level, implementation="external")
     result = _verdict(core, samples, scored.per_generation, scored.per_prompt, level=level, detect_tv=detect_tv,
                       source=source, design="one-sample: server's scores", mismatches=0, started=started)
+    _check_lengths(result, samples, set(eos or ()))
     if scored.missing:
         result.notes.append(f"{scored.missing} token positions left out: their scores cannot settle the declared law "
                             "(missing, placeholder 0.0 log-probs, or a cut beyond the top-k returned)")
@@ -379,6 +386,14 @@ def audit_scored_samples(samples: list[Sample], *, level: float = 0.01, detect_t
     if not check.agrees:
         result.verdict = "fail"
     return result
+
+
+def _check_lengths(result: ExternalAudit, samples: list[Sample], eos: set[int]) -> None:
+    """Fail ``result`` when generations stopped short of their max_tokens without EOS (probability 0
+    under the declared law; the per-token tests cannot see tokens that were dropped)."""
+    result.stopped_short = sum(stopped_short(sample, eos) for sample in samples)
+    if result.stopped_short:
+        result.verdict = "fail"
 
 
 def unknown_note(count: int) -> str:

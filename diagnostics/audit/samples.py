@@ -231,6 +231,15 @@ def continuation_ids(prompt: str, text: str, tokenize: Callable[[str], list[int]
     return alone[1:] if prompt_ids and alone[:1] == list(prompt_ids[:1]) else alone
 
 
+def stopped_short(sample: Sample, eos: set[int]) -> bool:
+    """Whether the engine says ``sample`` ended by length (``finish_reason`` "length") while its
+    exact ids (the engine's, not retokenised text) number fewer than its ``max_tokens`` and hold no
+    EOS: a sampler that follows the declared law emits ``max_tokens`` tokens unless it samples EOS,
+    so such an output has probability 0 (unless the engine's context ran out)."""
+    return (sample.finish_reason == "length" and sample.ids_source != "retokenized" and sample.max_tokens is not None
+            and len(sample.token_ids) < sample.max_tokens and not any(token in eos for token in sample.token_ids))
+
+
 def with_sampled_eos(ids: list[int], finish_reason: Any, completion_tokens: int | None, eos_id: int | None) -> list[int]:
     """``ids`` (a text's, retokenised) with the EOS the engine sampled put back: it stopped (``"stop"``)
     and counted one token more than the text shows (an EOS has no text); unchanged otherwise."""

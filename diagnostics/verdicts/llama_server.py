@@ -60,7 +60,8 @@ def llama_server_settings(draft_max: int | None = 4) -> dict[str, Any]:
     settings: dict[str, Any] = {
         "engine": "llama.cpp llama-server",
         "context": CONTEXT, "threads": THREADS, "threads_batch": THREADS, "parallel_slots": PARALLEL,
-        "request_sampling": "every request states temperature, top_k, top_p, min_p, penalties and seed (audit.collect)",
+        "request_sampling": "every request, to its own /completion with return_tokens (the ids it generated), states "
+                            "temperature, top_k, top_p, min_p, penalties and seed (audit.collect, api llama.cpp)",
         "samplers_default_order": "penalties, dry, top_n_sigma, top_k, typical_p, top_p, min_p, xtc, temperature, then dist "
                                   "(common.h; dry, xtc, typical_p and top_n_sigma are off by default)",
         "seed": "per request: the slot's sampler chain is rebuilt for each request and its dist RNG (mt19937) seeded with it",

@@ -34,9 +34,13 @@ def policy_text(settings: dict[str, Any]) -> str:
 
 
 def _side_p(side: dict[str, Any]) -> str:
-    """A side's p-value, with the tokens the law gives probability 0 (a fail whatever p says)."""
-    impossible = side.get("impossible")
-    extra = f" · {impossible:,} impossible tokens" if isinstance(impossible, int) and impossible > 0 else ""
+    """A side's p-value, with the tokens the law gives probability 0 and the generations cut short
+    of max_tokens without EOS (each a fail whatever p says)."""
+    extra = ""
+    for key, words in (("impossible", "impossible tokens"), ("stopped_short", "generations cut short")):
+        count = side.get(key)
+        if isinstance(count, int) and not isinstance(count, bool) and count > 0:
+            extra += f" · {count:,} {words}"
     return f"{_figure(side.get('p_value'), '.2g')}{extra}"
 
 

@@ -255,7 +255,9 @@ def _sources(row: EngineRow, setup: Setup, policy: Policy, max_tokens: int, stem
         draft = draft_gguf(setup.layer)  # cached under data/llama.cpp/drafts
         start = lambda on, log: llama_server(setup.gguf, draft if on else None, log, draft_max=GAMMA)  # noqa: E731
     with start(True, stem.with_name(stem.name + "--on.log")) as url_on, start(False, stem.with_name(stem.name + "--off.log")) as url_off:
-        yield version, True, {on: endpoint_collector(url, "smollm2", policy, max_tokens, on, row.label, tokenize, eos_id)
+        # llama-server answers its own /completion with the ids it generated: nothing is retokenised or left out.
+        options = {"api": "llama.cpp"} if row.kind == "llama-server" else {}
+        yield version, True, {on: endpoint_collector(url, "smollm2", policy, max_tokens, on, row.label, tokenize, eos_id, **options)
                               for on, url in ((True, url_on), (False, url_off))}, stated
 
 

@@ -25,7 +25,7 @@ from diagnostics.policy import Policy
 CONTROL_FAILED = "control failed: settings not matched"
 ROW_VERDICTS = ("pass", "fail", "inconclusive", CONTROL_FAILED)
 SIDE_FIELDS = ("verdict", "p_value", "tokens", "generations", "detectable_tv", "needed_tokens", "distortion", "distortion_low",
-               "distortion_high", "worst_position", "worst_position_p", "impossible", "reasons", "file", "sha256", "audit_id",
+               "distortion_high", "worst_position", "worst_position_p", "impossible", "stopped_short", "reasons", "file", "sha256", "audit_id",
                "time_s", "generation_s")
 # The seeds of the two sides never overlap (a lossless engine with the same seed could repeat itself).
 OFF_SEED = 1_000_000
