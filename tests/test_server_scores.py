@@ -235,3 +235,10 @@ def test_llama_cpp_native_ids_and_generations_cut_short(server, tmp_path, bug) -
         assert dropped == len(samples) // 3 and result.stopped_short == dropped and result.verdict == "fail"
         assert any("ended by length with fewer tokens than their max_tokens" in reason for reason in result.reasons)
         assert result.p_value > 0.01  # what survives follows the law: only the length check catches it
+
+
+def test_the_cli_collects_llama_cpp_ids_and_fails_generations_cut_short(server, prompts, tmp_path, capsys) -> None:
+    result = _collect_and_audit(server, prompts, tmp_path / "cli.jsonl", capsys, "--score-logprobs", "3",
+                                "--completion-api", "llama.cpp", bug="drop")
+    assert result["verdict"] == "fail" and result["stopped_short"] == len(PROMPTS) * PER_PROMPT // 3
+    assert {sample.ids_source for sample in load_samples(tmp_path / "cli.jsonl")} == {"engine"}

@@ -100,7 +100,8 @@ def _collect(args: argparse.Namespace, load_target) -> str | None:
     api_key = os.environ.get("OPENAI_API_KEY")
     collect(args.endpoint, args.model, prompts, out, n=args.n, sampling=sampling, first_seed=args.seed, speculative=True,
             tokenize=tokenize, eos_id=eos_id, rate=args.rate, api_key=api_key, progress=_progress("collecting"),
-            scores_api=args.scores_api if args.oracle == "server" else None, score_logprobs=args.score_logprobs, **timeouts)
+            scores_api=args.scores_api if args.oracle == "server" else None, score_logprobs=args.score_logprobs,
+            api=args.completion_api, **timeouts)
     print(f"collected {len(prompts) * args.n} generations into {out}", file=sys.stderr)
     if args.baseline_endpoint:
         baseline = _baseline_path(out)
@@ -109,7 +110,7 @@ def _collect(args: argparse.Namespace, load_target) -> str | None:
         collect(args.baseline_endpoint, args.model, prompts, baseline, n=args.n, sampling=sampling,
                 first_seed=args.seed + len(prompts) * args.n,
                 speculative=False, tokenize=tokenize, eos_id=eos_id, rate=args.rate, api_key=api_key,
-                progress=_progress("collecting the baseline"), **timeouts)
+                progress=_progress("collecting the baseline"), api=args.completion_api, **timeouts)
         args.baseline_samples = str(baseline)
         print(f"collected the baseline into {baseline}", file=sys.stderr)
     return str(out)
@@ -435,6 +436,10 @@ def add_parser(commands: Any) -> None:
     audit.add_argument("--collect-timeout", type=float, default=COLLECT_TIMEOUT_S, metavar="SECONDS",
                        help=f"with --endpoint: the whole collection's deadline, per file (default {COLLECT_TIMEOUT_S:g} = "
                             f"{COLLECT_TIMEOUT_S / 3600:g} h); what was collected by then is kept")
+    audit.add_argument("--completion-api", default="openai", choices=["openai", "llama.cpp"],
+                       help="with --endpoint: how generations are asked for: openai (/v1/completions; where the answer has "
+                            "no ids, its text is tokenised and a non-canonical split is left out), or llama.cpp "
+                            "(llama-server's own /completion with return_tokens: the ids it generated, none left out)")
     audit.add_argument("--oracle", default=None, choices=["server"],
                        help="with --samples or --endpoint: test against the server's own teacher-forced scores (stored per "
                             "token in the file; collected with --scores-api) instead of --target or a baseline")
