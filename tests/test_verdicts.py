@@ -234,3 +234,57 @@ def test_lines_the_audit_leaves_out_are_made_up_for(tmp_path: Path) -> None:
             for on in (True, False)]
     result = run_row(*jobs, auditor, set(), detect_tv=0.1, level=0.01, store=None, version="x", target_name="t")
     assert result["on"]["tokens"] >= needed_tokens(0.1) and result["off"]["tokens"] >= needed_tokens(0.1)
+
+
+def _children(pid: int) -> set[int]:
+    """The processes whose parent is ``pid`` (read from /proc: no extra package)."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.add(int(stat.parent.name))
+    return found
+
+
+def test_a_killed_table_run_stops_its_workers_keeps_its_files_and_continues(models, tmp_path: Path) -> None:
+    """SIGTERM unwinds like Ctrl-C: exit 130 in seconds, the worker processes gone, every line of the
+    side's file whole, and the same command continues the file (not starting it again)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    command = [sys.executable, "-m", "diagnostics", *_verdicts(models, tmp_path, "--engine", "transformers-assistant", "--policy",
+                                                                "t1", "--detect-tv", "0.02", "--readme", "none", "--workers", "2")]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    on_file = tmp_path / "evidence" / "transformers-assistant--t1--on.jsonl"
+    deadline = time.monotonic() + 300
+    while not (on_file.exists() and on_file.read_text().count("\n") >= 32):
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+        time.sleep(0.5)
+    workers = _children(process.pid)
+    assert len(workers) >= 2  # the spawned pool (and its resource tracker)
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130 and "the same command continues them" in err, err[-2000:]
+    time.sleep(1)
+    assert not [pid for pid in workers if _alive(pid)]
+    kept = on_file.read_text().splitlines()
+    assert all(json.loads(line)["speculative"] for line in kept)  # whole lines only
+    # Continued, not restarted: the lines written before the kill stay first.
+    assert main(_verdicts(models, tmp_path, "--engine", "transformers-assistant", "--policy", "t1", "--detect-tv", "0.1",
+                          "--readme", "none", "--workers", "1")) == 0
+    assert on_file.read_text().splitlines()[: len(kept)] == kept
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie has ended

@@ -48,5 +48,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {visible(error, limit=2000)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted: what was recorded is kept and the run is marked 'interrupted'", file=sys.stderr)
+        print(getattr(args, "interrupted", "interrupted: what was recorded is kept and the run is marked 'interrupted'"),
+              file=sys.stderr)
         return 130

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -77,10 +78,20 @@ def _run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         spec = SetupSpec(args.target, args.early_exit, tuple(args.prompt) or None, args.draft)
         setup = cached_setup(spec)
     store = Store(args.db)
-    run_table(rows, policies, setup, out=out, evidence=Path(args.evidence), store=store, detect_tv=args.detect_tv,
-              level=args.level, max_tokens=args.max_tokens, rerun=args.rerun, endpoints=endpoints, spec=spec,
-              workers=args.workers)
+    # A kill (SIGTERM) unwinds like Ctrl-C: the servers a row started are stopped by their context
+    # managers and the worker pool is shut down, instead of being left running without their parent.
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        run_table(rows, policies, setup, out=out, evidence=Path(args.evidence), store=store, detect_tv=args.detect_tv,
+                  level=args.level, max_tokens=args.max_tokens, rerun=args.rerun, endpoints=endpoints, spec=spec,
+                  workers=args.workers)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return load_table(out)
+
+
+def _terminated(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(f"stopped by signal {signum}")
 
 
 def _settings(text: str | None) -> dict[str, Any]:
@@ -169,4 +180,5 @@ def add_parser(commands: Any) -> None:
     verdicts.add_argument("--score-logprobs", type=int, default=20,
                           help="with --oracle server: log-probabilities per token to ask for (exact when top-k <= K)")
     verdicts.add_argument("--db", default=None, help="DuckDB file for the audits (default $SPECLAB_DB or data/runs.duckdb)")
-    verdicts.set_defaults(handler=command_verdicts)
+    verdicts.set_defaults(handler=command_verdicts, interrupted="interrupted: each side's file keeps the generations "
+                          "written so far; the same command continues them")

@@ -148,8 +148,16 @@ def worker_pool(workers: int) -> Iterator[Any]:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_one_thread) as pool:
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_one_thread)
+    try:
         yield pool
+    except BaseException:
+        # Interrupted: end the workers now (each would finish its chunk first); the files hold what was written.
+        for process in list(getattr(pool, "_processes", {}).values()):
+            process.terminate()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
 
 
 def server_setup(model: str, prompts: list[str] | None) -> Setup:

@@ -15,6 +15,7 @@ from typing import Any
 from diagnostics.audit.samples import Sample, load_samples
 from diagnostics.policy import Policy
 from diagnostics.serving import served
+from diagnostics.verdicts.table import STOP
 
 LLAMA_LOOKUP_TOKENS = 4
 
@@ -59,7 +60,7 @@ def endpoint_collector(url: str, model: str, policy: Policy, max_tokens: int, sp
         with tempfile.TemporaryDirectory() as folder:
             out = Path(folder) / "chunk.jsonl"
             collect(url, model, [prompt], out, n=len(seeds), sampling=sampling, first_seed=seeds[0], speculative=speculative,
-                    tokenize=tokenize, eos_id=eos_id, **options)
+                    tokenize=tokenize, eos_id=eos_id, should_stop=STOP.is_set, **options)
             samples = load_samples(out)
         for sample in samples:
             sample.engine = engine

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +32,8 @@ SIDE_FIELDS = ("verdict", "p_value", "tokens", "generations", "detectable_tv", "
 OFF_SEED = 1_000_000
 CHUNK = 16  # generations written per step: a stopped run loses at most this many
 BATCH = 64  # seeds per step for a generator that batches them (rows of one batch)
+# Set when the command is interrupted: sides filled side by side (threads) end at their next request.
+STOP = threading.Event()
 
 
 @dataclass
@@ -82,6 +85,8 @@ def fill(job: Job, tokens_wanted: int, eos: set[int], engine_label: str,
     # A generator that batches takes a whole batch of seeds at once; the others a chunk at a time.
     step = BATCH if getattr(job.generator, "batch", None) is not None else CHUNK
     while tokens < tokens_wanted and len(samples) < max_generations:
+        if STOP.is_set():
+            raise KeyboardInterrupt("stopped: what this side generated is kept in its file")
         chunks = []
         for _ in range(job.workers if job.submit is not None else 1):  # with workers: one chunk each, at once
             text, prompt_ids = job.prompts[(next_seed - first_seed) // step % len(job.prompts)]
@@ -254,8 +259,15 @@ def run_row(job_on: Job, job_off: Job, auditor: Auditor, eos: set[int], *, detec
 
     jobs = (job_on, job_off)
     if parallel:
-        with ThreadPoolExecutor(2) as pool:
+        pool = ThreadPoolExecutor(2)
+        try:
             generated = list(pool.map(generate, jobs))
+        except BaseException:
+            STOP.set()  # an interruption: the other side's thread stops at its next request, not at its end
+            raise
+        finally:
+            pool.shutdown(wait=True)
+            STOP.clear()
     else:
         generated = [generate(job) for job in jobs]
     sides = {}
