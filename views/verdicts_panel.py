@@ -77,7 +77,7 @@ def reaudit_form(table: dict, folder: Path, save: Callable[[dict], None]) -> Non
     with st.expander("Audit a verdict's evidence again here"):
         st.caption("The same generations file (its sha256 checked against the table), the same test and sample size, "
                    "against the embedded target on this machine: the verdict and p-value come out as the table's. "
-                   "About a minute for 10,000 tokens on a CPU.")
+                   "One to three minutes for 10,000 tokens on a 2-core CPU.")
         left, right = st.columns([3, 1])
         index = left.selectbox("Row", range(len(rows)), key="verdict_reaudit_row",
                                format_func=lambda i: plain(f"{rows[i]['label']} · {policy_text(rows[i]['settings'])} · "
