@@ -1,6 +1,7 @@
 """llama.cpp's own llama-server with a draft model (``-md``), the verdict table's draft-model engine:
 started on the embedded GGUF with the early-exit draft, a few seeded generations collected through
-the endpoint collector, and the server's timings show it drafted (the control without a draft did not).
+the endpoint collector from its own ``/completion`` (the ids it generated), and the server's timings
+show it drafted (the control without a draft did not).
 
 It needs the binary (``tools/build-llama-server.sh``, about 11 min on 2 cores): skipped without it,
 failed instead where ``REQUIRE_LLAMA_SERVER_DRAFT=1``. The draft GGUF is made once (about a minute,
@@ -38,7 +39,7 @@ def _collect(url: str, tmp_path: Path, speculative: bool) -> list:
     out = tmp_path / f"{'on' if speculative else 'off'}.jsonl"
     collect(url, "smollm2", ["Once upon a time"], out, n=N, sampling=Sampling(max_tokens=MAX_TOKENS, temperature=1.0),
             first_seed=0, speculative=speculative, tokenize=lambda text: tokenizer(text)["input_ids"],
-            eos_id=tokenizer.eos_token_id)
+            eos_id=tokenizer.eos_token_id, api="llama.cpp")
     return load_samples(out)
 
 
@@ -56,7 +57,7 @@ def test_llama_server_drafts_and_the_control_does_not(tmp_path: Path) -> None:
         assert len(samples) == N and [sample.seed for sample in samples] == list(range(N))
         for sample in samples:
             assert sample.token_ids and sample.completion_tokens is not None and 1 <= sample.completion_tokens <= MAX_TOKENS
-            assert sample.speculative is speculative
+            assert sample.speculative is speculative and sample.ids_source == "engine"  # the server's own ids
         drafted[speculative] = sum(int(sample.raw.get("timings", {}).get("draft_n", 0)) for sample in samples)
     assert drafted[True] > 0, "llama-server never drafted: is -md loaded? (see server-True.log)"
     assert drafted[False] == 0
