@@ -17,7 +17,7 @@ from diagnostics.engine import eos_ids
 from diagnostics.models import DEFAULT_TARGET, EMBEDDED_NAME, ModelError
 from diagnostics.store import Store
 from diagnostics.verdicts.render import display_rows, policy_text
-from diagnostics.verdicts.table import evidence_file, load_table, reaudit_side
+from diagnostics.verdicts.table import evidence_unchanged, load_table, reaudit_side
 from views.common import cached_model, plain, show_error
 
 TABLE = Path(__file__).resolve().parents[1] / "docs" / "verdicts.json"
@@ -56,14 +56,7 @@ def verdict_table(store: Store, save: Callable[[dict], None]) -> None:
 
 def _checkable(row: dict, folder: Path) -> bool:
     """A row whose evidence is here, unchanged, and was audited against the embedded target."""
-    if row.get("provenance") != "run here" or row.get("target") != EMBEDDED_NAME:
-        return False
-    try:
-        for side in ("on", "off"):
-            evidence_file(row, side, folder)
-    except (OSError, ValueError):
-        return False
-    return True
+    return row.get("provenance") == "run here" and row.get("target") == EMBEDDED_NAME and evidence_unchanged(row, folder)
 
 
 def reaudit_form(table: dict, folder: Path, save: Callable[[dict], None]) -> None:

@@ -323,10 +323,19 @@ def stored_row(table: dict[str, Any], engine: str, policy_name: str, folder: Pat
         if settings is not None and any(row["settings"].get(name) != value for name, value in settings.items()):
             continue
         if row["engine"] == engine and row["policy"] == policy_name and row.get("provenance") == "run here":
-            files = [folder / str(row[side].get("file") or "") for side in ("on", "off")]
-            if all(path.is_file() and sha256(path) == row[side].get("sha256") for path, side in zip(files, ("on", "off"))):
+            if evidence_unchanged(row, folder):
                 return row
     return None
+
+
+def evidence_unchanged(row: dict[str, Any], folder: Path) -> bool:
+    """Whether both sides' evidence files are in ``folder`` with the sha256 the table states (``evidence_file``)."""
+    try:
+        for side in ("on", "off"):
+            evidence_file(row, side, folder)
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def evidence_file(row: dict[str, Any], side: str, folder: Path) -> Path:
