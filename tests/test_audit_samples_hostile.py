@@ -30,6 +30,7 @@ from diagnostics.audit.reporting import evidence_problem, summary_line
 from diagnostics.audit.samples import MAX_TOKENS, Sample, SamplesError, load_samples, retokenize
 from diagnostics.audit.two_sample import _context_tests, two_sample_audit
 from diagnostics.cli import main
+from peak_memory import PEAK_RSS_SOURCE
 
 ROOT = Path(__file__).resolve().parents[1]
 PEAK_BYTES = 2 * 2**30  # the bound the issue sets for two 32,768-token lines
@@ -197,12 +198,12 @@ def test_two_single_32768_token_lines_stay_linear_in_memory_and_time(tmp_path: P
     files = []
     for name in ("a", "b"):
         files.append(_file(tmp_path, f"{name}.jsonl", [_line(token_ids=[rng.randrange(1, 50) for _ in range(MAX_TOKENS)])]))
-    probe = ("import json, resource, sys, time\n"
+    probe = ("import json, sys, time\n" + PEAK_RSS_SOURCE +
              "from diagnostics.cli import main\n"
              "started = time.perf_counter()\n"
              f"code = main(['audit', '--samples', {str(files[0])!r}, '--baseline-samples', {str(files[1])!r}])\n"
              "print(json.dumps({'code': code, 'seconds': time.perf_counter() - started,\n"
-             "                  'peak': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}), file=sys.stderr)\n")
+             "                  'peak': peak_rss()}), file=sys.stderr)\n")
     done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                           capture_output=True, text=True, timeout=300)
     measured = json.loads(done.stderr.strip().splitlines()[-1])

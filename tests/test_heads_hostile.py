@@ -28,6 +28,7 @@ from diagnostics.heads import bounds
 from diagnostics.heads.layout import load_head, make_head
 from diagnostics.models import ModelError
 from diagnostics.tiny import tiny_llama
+from peak_memory import PEAK_RSS_SOURCE
 from tiny_models import save_tiny_model
 
 LAYERS = 4  # the saved CLI target's layers; the in-process target has the same sizes
@@ -257,7 +258,7 @@ with contextlib.redirect_stdout(io.StringIO()):
     assert main(args("medusa:" + good["medusa"])) == 0 and main(args("eagle3:" + good["eagle3"])) == 0  # warm: every import done
 target = load_model(model)
 load_head("medusa", good["medusa"], target), load_head("eagle3", good["eagle3"], target)
-peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+peak = peak_rss
 baseline = peak()
 soft, hard = resource.getrlimit(resource.RLIMIT_DATA)  # a regression stops here instead of swapping the machine
 limit = baseline + (2 << 30)
@@ -294,7 +295,7 @@ def test_hostile_heads_through_the_cli_are_one_line_in_bounded_memory_and_time(h
     payload = json.dumps([model, str(db), {kind: str(folder) for kind, folder in good.items()},
                           {name: (kind, str(folder)) for name, (kind, folder, _) in hostile.items()}])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
-    done = subprocess.run([sys.executable, "-c", CLI_SCRIPT, payload], capture_output=True, text=True, timeout=300, env=env,
+    done = subprocess.run([sys.executable, "-c", PEAK_RSS_SOURCE + CLI_SCRIPT, payload], capture_output=True, text=True, timeout=300, env=env,
                           cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
