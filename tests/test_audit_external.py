@@ -219,6 +219,25 @@ def test_the_distortion_estimate_is_unbiased_and_its_interval_covers_the_truth()
     assert 0.15 * (1 - 1 / PIT_BINS) - old > 0.02
 
 
+def test_generations_without_pit_values_do_not_empty_the_interval() -> None:
+    """Generations whose scores were all missing have no PIT values. A bootstrap resample drawn
+    only from them had no law (0/0): the interval came out [0, 0] under an estimate of 0.24. They
+    carry no information, so the estimate and interval are those of the other generations."""
+    import warnings
+
+    import numpy as np
+
+    from diagnostics.audit.external import distortion_estimate
+
+    values = _pit_generations(7, 0.3, generations=4, tokens=30)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with_empty = distortion_estimate([*([np.array([])] * 12), *values], resamples=200)
+    assert with_empty == distortion_estimate(values, resamples=200)
+    estimate, low, high = with_empty
+    assert estimate > 0.1 and low <= estimate <= high and high > low
+
+
 def test_settings_read_as_words_not_python() -> None:
     """The Audit page's settings line: no ``False``, ``None`` or snake_case for a person."""
     from diagnostics.audit.reporting import readable_settings

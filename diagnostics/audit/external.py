@@ -227,7 +227,10 @@ def distortion_estimate(per_generation: list[np.ndarray], bins: int = PIT_BINS, 
     (their mean minus the estimate; a resample adds noise of its own, and unshifted percentiles
     laid the whole interval above the estimate, ``0.005 [0.005, 0.069]``). Coverage measured on
     simulated samples at truths 0, 0.01, 0.02, 0.05, 0.14: 0.9, 1.0, 0.88, 0.95, 0.98 (40 each)."""
-    if not per_generation or sum(len(values) for values in per_generation) == 0:
+    # A generation with no PIT values (every score missing) carries no information, and a
+    # resample made only of such generations would have no law at all: resample the others.
+    per_generation = [values for values in per_generation if len(values)]
+    if not per_generation:
         return float("nan"), float("nan"), float("nan")
     generator = np.random.default_rng(seed)
     counts = np.stack([np.histogram(values, bins=bins, range=(0.0, 1.0))[0] for values in per_generation])
