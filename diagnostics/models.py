@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -127,16 +128,20 @@ def _load_embedded(dtype: Any) -> tuple[Any, Any]:
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
-        partial = cached.with_name(cached.name + ".partial")
+        # A folder of this process's own: two processes converting at once (test workers, two
+        # dashboards) never write into one folder, and the cache appears whole or not at all.
+        partial = cached.with_name(f"{cached.name}.partial-{os.getpid()}")
         model.save_pretrained(partial)
         tokenizer.save_pretrained(partial)
-        if cached.exists():
-            import shutil
-
-            shutil.rmtree(cached)
-        partial.rename(cached)
+        if (cached / "model.safetensors").is_file() and (cached / "tokenizer_config.json").is_file():
+            shutil.rmtree(partial)  # another process finished first: keep its copy, which may be in use
+        else:
+            if cached.exists():
+                shutil.rmtree(cached)  # an incomplete copy
+            partial.rename(cached)
     except OSError:
-        pass  # a read-only checkout only loses the speed-up
+        # A read-only checkout, or a race lost to another process, only loses the speed-up.
+        shutil.rmtree(cached.with_name(f"{cached.name}.partial-{os.getpid()}"), ignore_errors=True)
     if dtype not in ("auto", torch.float32):
         model = model.to(dtype)
     return model, tokenizer

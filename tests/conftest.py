@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -9,6 +10,18 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+# The tiers' report and the everyday tier's budget guard (tests/tiers.py), as this conftest's hooks.
+from tiers import (pytest_collection_modifyitems, pytest_runtest_logreport, pytest_sessionfinish,  # noqa: E402,F401
+                   pytest_terminal_summary)
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # One torch thread per worker process: two workers on two cores already fill the machine, and a
+    # second thread per worker would only contend. Measured on 2 cores while another process ran:
+    # a test of tiny-model generations took 11.2 s with two torch threads against 1.7 s with one.
+    torch.set_num_threads(1)
+    # The same for what the tests start (dashboards, CLI processes, sampling workers), unless asked otherwise.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 # Shared with the audit's battery and the Playground presets.

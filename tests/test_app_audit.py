@@ -140,6 +140,7 @@ def test_the_verdict_table_links_each_row_to_its_stored_audits(database, tmp_pat
     assert any("not a verdict table" in element.value for element in at.error) and table.read_text() == '{"rows": "no"}'
 
 
+@pytest.mark.slow  # slow tier: a verdict's evidence audited again at its full size (about 30 s)
 def test_a_verdicts_evidence_is_audited_again_on_the_page(database, tmp_path: Path, monkeypatch) -> None:
     """A fresh clone has the committed evidence files but not the audits: one click audits a
     side's file again against the embedded target, checked against the table's sha256; a row whose

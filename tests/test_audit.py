@@ -26,6 +26,7 @@ def test_declared_lossy_rules_match_their_law_and_fail_losslessness(spec: str) -
     assert not audit_rule(rule_adapter(spec), pairs, n=N, seed=4).passed
 
 
+@pytest.mark.slow  # slow tier: rule-level statistics against transformers (about 6 s a case)
 @pytest.mark.parametrize("seed", [0, 1])
 def test_transformers_speculative_sampling_passes_at_rule_level(seed: int) -> None:
     """transformers' `_speculative_sampling` given the true q: the step itself is lossless."""
@@ -74,6 +75,7 @@ def test_audit_command_prints_a_verdict(capsys) -> None:
     assert planted["verdict"] == "fail" and planted["pairs"][0]["adjusted_p"] <= 1.0
 
 
+@pytest.mark.slow  # slow tier: every engine-level audit and its planted bugs (about 25 s)
 def test_audit_all_gives_every_verdict_and_stores_them(tmp_path, capsys) -> None:
     """The whole table in one command: ours and transformers pass, every planted bug fails, at its layer."""
     import json
@@ -261,6 +263,7 @@ def test_engine_level_mutants_are_also_caught_in_a_recorded_run(tmp_path) -> Non
         assert result.verdict == "fail", (name, result.flags)
 
 
+@pytest.mark.slow  # slow tier: transformers' assisted generation, one sequence at a time (about 50 s)
 def test_engine_audit_of_transformers_assisted_generation() -> None:
     """transformers `generate(assistant_model=…, do_sample=True)` on tiny models: the assistant samples
     with the main generation config and verification uses its processed scores, so it passes."""
@@ -315,6 +318,7 @@ def test_audit_command_on_a_local_model_folder(tmp_path, capsys) -> None:
     assert engine["verdict"] == "pass" and engine["settings"]["draft"] == "early-exit:1" and engine["generations"] == 30
 
 
+@pytest.mark.slow  # slow tier: engine audits of the tree engine and each planted tree bug (about 10 s)
 def test_tree_engine_audit_passes_ours_and_fails_each_planted_tree_bug(capsys) -> None:
     """``audit --engine ours --tree 3,2,1`` passes; each planted tree bug fails the same audit (the
     unzeroed sibling shows most on a wide node, hence 6,1 for it)."""

@@ -8,6 +8,9 @@ import pytest
 from diagnostics.audit import RULE_MUTANTS, audit_rule, rule_adapter, transformers_adapter
 from diagnostics.audit.suite import model_setup, real_positions, run_engine_audit
 
+# Slow tier: audits on the embedded SmolLM2-135M model (transformers' assisted generation one sequence at a time)
+pytestmark = pytest.mark.slow
+
 GENERATIONS = 48  # × 16 tokens ≈ 760 tokens, about 90 s each on 2 CPU cores
 
 

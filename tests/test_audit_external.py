@@ -68,6 +68,7 @@ def test_a_file_of_each_planted_engine_bug_fails(setup, tmp_path_factory, name: 
         assert result.p_value < 1e-6 and result.distortion_low > 0.02
 
 
+@pytest.mark.slow  # slow tier: transformers' sampling collected and audited (about 30 s)
 def test_a_file_of_transformers_sampling_passes(setup, tmp_path_factory) -> None:
     result = audit_samples(load_samples(_file(setup, tmp_path_factory, "transformers")), setup.target, eos=setup.eos)
     assert result.verdict == "pass", result.reasons
@@ -99,6 +100,7 @@ def test_two_sample_passes_the_same_law_and_fails_a_planted_bug(setup, ours, bas
         assert wrong.verdict == "fail" and wrong.p_value < 1e-6, (name, wrong.reasons)
 
 
+@pytest.mark.slow  # slow tier: repeated two-sample tests for the false-alarm rate (about 19 s)
 def test_two_sample_false_alarm_rate_is_at_most_the_level(setup, tmp_path_factory) -> None:
     """Twenty pairs of files of the same law (disjoint seeds): at level 0.01 a false alarm in any
     of them has probability about 0.18; seeing two or more would say the test is anti-conservative."""
@@ -188,6 +190,7 @@ def _pit_generations(seed: int, excess: float, generations: int = 100, tokens: i
     return out
 
 
+@pytest.mark.slow  # slow tier: repeated audits for the estimator's coverage (about 17 s)
 def test_the_distortion_estimate_is_unbiased_and_its_interval_covers_the_truth() -> None:
     """The estimate tracks a known distortion from 0 to 0.14 (subtracting uniform noise, the old
     estimator, gave 0.116 for 0.143: the control below), and the interval holds both the estimate

@@ -7,6 +7,9 @@ from collections.abc import Iterator
 import pytest
 from browser_support import ARTIFACTS, CHROMIUM_ARGS, chromium_path, streamlit_server
 
+# Slow tier: a browser walk: streamlit run driven in chromium
+pytestmark = pytest.mark.slow
+
 playwright_api = pytest.importorskip("playwright.sync_api")
 
 

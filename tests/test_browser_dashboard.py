@@ -18,6 +18,9 @@ from diagnostics.comparison import compare_rules
 from diagnostics.runner import RunRequest
 from diagnostics.store import Store
 
+# Slow tier: browser walks: streamlit run driven in chromium
+pytestmark = pytest.mark.slow
+
 playwright_api = pytest.importorskip("playwright.sync_api")
 SCRIPT_PROMPT = "<script>window.__pwned = 1</script><img src=x onerror=\"window.__pwned = 2\"> w1 w2 w3"
 

@@ -19,6 +19,9 @@ from diagnostics.policy import Policy
 from diagnostics.runner import RunRequest, record_run
 from diagnostics.store import Store
 
+# Slow tier: browser walks: streamlit run driven in chromium
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("playwright.sync_api")
 PROMPT = "w1 w2 w3 w1 w2"
 RULE = "lenience:0.3"

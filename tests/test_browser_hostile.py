@@ -22,6 +22,9 @@ import pytest
 from browser_support import ARTIFACTS, CHROMIUM_ARGS, chromium_path, select_first_row, settled, streamlit_server
 from shared_files import HOSTILE_AUDIT_ID, HOSTILE_GROUP_ID, HOSTILE_RUN_ID, HOSTILE_SWEEP_ID, hostile_export, real_export
 
+# Slow tier: browser walks: streamlit run driven in chromium
+pytestmark = pytest.mark.slow
+
 playwright_api = pytest.importorskip("playwright.sync_api")
 
 # Elements that would mean a payload rendered as markup. The app's own links (href "/inspect?run=…",
@@ -170,7 +173,7 @@ def test_a_hostile_sweep_runs_nothing(setup, page) -> None:
     as the user's database and through the Runs page's import, the Sweeps page renders it as text,
     with no exception, and starts no process: nothing ran. Only the user's click on "Check the
     answers" runs the code, inside the sandbox (the server's log shows bwrap), and still no marker."""
-    from test_sandbox import require_sandbox
+    from test_sandbox import require_sandbox, sandbox_turn
 
     url = setup["url"]
     _open(page, f"{url}/sweeps?sweep={quote(HOSTILE_SWEEP_ID, safe='')}", "Sweeps")
@@ -190,9 +193,10 @@ def test_a_hostile_sweep_runs_nothing(setup, page) -> None:
 
     require_sandbox()
     _open(page, f"{url}/sweeps?sweep={quote(HOSTILE_SWEEP_ID, safe='')}", "Sweeps")
-    page.get_by_role("button", name="Check the answers").click()
-    page.get_by_role("button", name="Check the answers").wait_for(state="detached", timeout=60_000)  # checked, then rerun
-    settled(page)
+    with sandbox_turn():  # never while test_sandbox counts sandboxed programs in another worker
+        page.get_by_role("button", name="Check the answers").click()
+        page.get_by_role("button", name="Check the answers").wait_for(state="detached", timeout=60_000)  # checked, then rerun
+        settled(page)
     assert _sandbox_spawns(setup), "the click should have run the checker in the sandbox"
     assert not setup["marker"].exists()
     _inert(page, "sweep_checked", url)

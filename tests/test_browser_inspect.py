@@ -15,6 +15,9 @@ from diagnostics.comparison import compare_rules
 from diagnostics.runner import RunRequest
 from diagnostics.store import Store
 
+# Slow tier: browser walks: streamlit run driven in chromium
+pytestmark = pytest.mark.slow
+
 playwright_api = pytest.importorskip("playwright.sync_api")
 
 

@@ -15,6 +15,9 @@ from diagnostics.models import load_model
 from diagnostics.runner import RunRequest, record_run
 from diagnostics.store import Store
 
+# Slow tier: browser walks: streamlit run driven in chromium
+pytestmark = pytest.mark.slow
+
 playwright_api = pytest.importorskip("playwright.sync_api")
 # On the tiny model (seed 0, n-gram drafts, γ 4, lenience:0.5, as the form defaults) no EOS comes
 # within 240 tokens: a run long enough (seconds) to be stopped from the page.

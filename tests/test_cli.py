@@ -176,6 +176,7 @@ def _cli(*argv: str, **kwargs) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
 
 
+@pytest.mark.slow  # slow tier: the embedded model through the command line (about 8 s)
 def test_real_embedded_model_end_to_end(tmp_path: Path) -> None:
     """The README's example on the embedded SmolLM2-135M-Instruct, through the command line."""
     db = tmp_path / "runs.duckdb"
@@ -215,6 +216,7 @@ def _wait_for_positions(process: subprocess.Popen, db: Path, count: int, timeout
         time.sleep(0.2)
 
 
+@pytest.mark.slow  # slow tier: a run interrupted by a signal (about 8 s)
 def test_ctrl_c_keeps_the_run_marked_interrupted(tmp_path: Path) -> None:
     """Ctrl-C in the middle of a run on the embedded model (slow enough to interrupt).
 
@@ -301,6 +303,7 @@ def _start_and_wait(db: Path, tokens: int, *argv: str) -> tuple[subprocess.Popen
     return process, chunks
 
 
+@pytest.mark.slow  # slow tier: a writer process killed mid-run (about 12 s)
 def test_a_killed_writer_leaves_a_run_whose_audit_passes(capsys, tmp_path: Path) -> None:
     """kill -9 halfway: the run is reaped as interrupted with every stored position, its tokens and
     text rebuilt from them, and the recorded-run audit (p recomputed) passes."""

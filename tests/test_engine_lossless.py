@@ -16,6 +16,9 @@ from engine_sampling import Setup, exact_window_law, sample_windows
 
 from diagnostics.gof import gof_tokens, power, required_samples
 
+# Slow tier: end-to-end losslessness statistics (about 10^5 generations a setup) and their planted bugs
+pytestmark = pytest.mark.slow
+
 VOCAB = 4
 LEVEL = 1e-3
 POWER = 0.95

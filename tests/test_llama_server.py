@@ -26,6 +26,9 @@ from diagnostics.models import embedded_gguf_path
 from diagnostics.serving import free_port
 from diagnostics.verdicts.servers import llama_cpp_server
 
+# Slow tier: starts llama-cpp-python's servers on the embedded GGUF
+pytestmark = pytest.mark.slow
+
 if os.environ.get("REQUIRE_LLAMA_SERVER") != "1":
     pytest.importorskip("llama_cpp.server", reason="llama-cpp-python[server] is not installed (requirements-test.txt)")
 

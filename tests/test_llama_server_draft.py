@@ -18,6 +18,9 @@ import pytest
 from diagnostics.verdicts.llama_server import (DRAFT_DIR, default_layer, llama_server, llama_server_binary, llama_server_flags,
                                                llama_server_settings)
 
+# Slow tier: starts llama.cpp's llama-server (where built) on the embedded GGUF
+pytestmark = pytest.mark.slow
+
 N, MAX_TOKENS, DRAFT_MAX = 4, 16, 4
 
 

@@ -6,6 +6,8 @@ or there is no system call table for this machine, nothing runs."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
@@ -13,6 +15,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -36,10 +39,24 @@ def require_sandbox() -> None:
     pytest.skip(problem)
 
 
+@contextlib.contextmanager
+def sandbox_turn() -> Iterator[None]:
+    """Hold this machine's one turn at running sandboxed programs for tests. The attacks count the
+    sandboxed programs left on the machine after each check, so a test in another pytest-xdist
+    worker that runs one at the same time would be counted as an escape."""
+    with open(Path(tempfile.gettempdir()) / "speclab-sandbox-tests.lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def _run_attacks(mode: str, folder: Path) -> dict[str, dict]:
     output = folder / f"{mode}.json"
     env = {**os.environ, SECRET_VARIABLE: f"speclab-secret-{os.getpid()}"}
-    subprocess.run([sys.executable, str(ATTACK_SCRIPT), mode, str(output)], env=env, check=True, timeout=400)
+    with sandbox_turn():
+        subprocess.run([sys.executable, str(ATTACK_SCRIPT), mode, str(output)], env=env, check=True, timeout=400)
     return json.loads(output.read_text(encoding="utf-8"))
 
 
@@ -64,6 +81,7 @@ def unfiltered(tmp_path_factory) -> dict[str, dict]:
 PASS_ON_PURPOSE = {"double_fork_daemon", "subprocess_and_fork"}
 
 
+@pytest.mark.slow  # slow tier: the whole escape battery in the sandbox (about 25 s, once per run)
 @pytest.mark.parametrize("name", list(ATTACKS))
 def test_every_escape_attempt_fails_or_is_contained(name: str, attacks: dict[str, dict]) -> None:
     """Nothing reaches this machine: no marker file outside, no process left when the check returns
@@ -87,6 +105,7 @@ def test_every_escape_attempt_fails_or_is_contained(name: str, attacks: dict[str
         assert not result["passed"], result
 
 
+@pytest.mark.slow  # slow tier: the battery's control in plain child processes (about 16 s)
 @pytest.mark.parametrize("name", [name for name, (_, in_naive) in ATTACKS.items() if in_naive])
 def test_each_attack_gets_out_of_a_plain_child_process(name: str, control: dict[str, dict]) -> None:
     """The negative control: without the sandbox, each attack does what it tries, so its failure
@@ -102,6 +121,7 @@ def test_each_attack_gets_out_of_a_plain_child_process(name: str, control: dict[
     assert evidence.get(name, result["passed"]), result
 
 
+@pytest.mark.slow  # slow tier: the battery without the system-call filter (about 12 s)
 @pytest.mark.parametrize("name", sorted(UNFILTERED_CONTROL))
 def test_what_the_filter_stops_gets_out_of_the_sandbox_without_it(name: str, unfiltered: dict[str, dict]) -> None:
     """The second control: the sandbox as it was before its seccomp filter (rlimits, namespaces)

@@ -159,6 +159,7 @@ def _collect_and_audit(server, prompts, out, capsys, *extra: str, bug: str | Non
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # slow tier: full-size audits against fake servers (about 7 s a case)
 @pytest.mark.parametrize("extra", [["--score-logprobs", "3"], ["--temperature", "0.8", "--top-k", "4", "--score-logprobs", "5"],
                                    ["--scores-api", "sglang", "--temperature", "0.7", "--min-p", "0.1", "--score-logprobs", "8"]],
                          ids=["vllm-t1-tail", "vllm-topk", "sglang-minp"])
@@ -170,6 +171,7 @@ def test_a_correct_server_passes_against_its_own_scores(server, prompts, tmp_pat
     assert again.verdict == "pass" and again.tokens == result["tokens"]
 
 
+@pytest.mark.slow  # slow tier: audits sized to catch a shift, against fake servers (about 12 s)
 def test_shifted_scores_and_a_hotter_engine_fail(server, prompts, tmp_path, capsys) -> None:
     """llama-cpp-python's echo scores each token with the next position's law: that oracle fails a correct engine.
     An engine sampling at 1.5× the declared temperature fails against correct scores."""

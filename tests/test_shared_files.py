@@ -66,7 +66,14 @@ def test_the_real_export_opens_everywhere(base, tmp_path: Path, app_env, capsys)
     _renders(base.path, tmp_path, capsys)
 
 
-@pytest.mark.parametrize("name", [name for name, _, _ in DEFECTS] + ["truncated to half"])
+MALFORMED = [name for name, _, _ in DEFECTS] + ["truncated to half"]
+# Every page is opened on every malformed file in the slow tier (about 2.5 s a file); the everyday
+# tier walks the pages for one refused file, one that renders and the truncated one, and checks the
+# import's and the CLI's answer for every file (``test_each_malformed_shared_file_is_answered_in_one_line``).
+EVERYDAY_WALKS = {"policy not JSON", "NULL tokens", "truncated to half"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=() if name in EVERYDAY_WALKS else pytest.mark.slow) for name in MALFORMED])
 def test_a_malformed_shared_file_is_refused_or_renders(name: str, corpus, tmp_path: Path, app_env, capsys) -> None:
     path, expectation = corpus[name]
     before = _sha(path)
@@ -81,6 +88,27 @@ def test_a_malformed_shared_file_is_refused_or_renders(name: str, corpus, tmp_pa
         visit_every_page(str(path))
     else:
         _renders(path, tmp_path, capsys)
+    assert _sha(path) == before
+
+
+@pytest.mark.parametrize("name", MALFORMED)
+def test_each_malformed_shared_file_is_answered_in_one_line(name: str, corpus, tmp_path: Path, capsys) -> None:
+    """Everyday tier, without the pages: a refused file is refused by the import and by the CLI in one
+    line; a file that renders imports and makes a report; either way it is left byte-identical."""
+    path, expectation = corpus[name]
+    before = _sha(path)
+    if expectation.startswith("refused: "):
+        with pytest.raises(StoreError) as error:
+            import_runs(path, tmp_path / "imported.duckdb")
+        message = str(error.value)
+        assert expectation.removeprefix("refused: ") in message and "\n" not in message, message
+        assert main(["report", "x", "--db", str(path), "-o", str(tmp_path / "r.html")]) == 2
+        assert capsys.readouterr().err.count("\n") == 1
+    else:
+        opened = import_runs(path, tmp_path / "imported.duckdb")
+        run_ids = opened.list_runs()["run_id"].tolist()
+        audit_ids = opened.list_audits()["audit_id"].tolist()
+        assert build_report(opened, run_ids, audit_ids).count("<section class=\"run\">") == len(run_ids) + bool(audit_ids)
     assert _sha(path) == before
 
 

@@ -108,3 +108,42 @@ def test_strict_device_is_on_for_this_test(strict_device) -> None:
     """The autouse fixture is active: a factory without a device called from diagnostics/ is recorded."""
     assert isinstance(strict_device, StrictDevice)
     assert Path(PACKAGE).name == "diagnostics"
+
+
+def test_no_module_binds_a_factory_under_another_name() -> None:
+    """The mode wraps ``torch.zeros`` and the other factories where they are looked up by name; a
+    module under ``diagnostics/`` that bound one itself (``from torch import zeros``) would escape it."""
+    import ast
+
+    from strict_device import CONSTRUCTORS
+
+    names = {getattr(factory, "__name__", "") for factory in CONSTRUCTORS}
+    escapes = []
+    for path in Path(PACKAGE).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "torch":
+                escapes += [f"{path.name}:{node.lineno} {alias.name}" for alias in node.names if alias.name in names]
+            elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Attribute) and node.value.attr in names \
+                    and isinstance(node.value.value, ast.Name) and node.value.value.id == "torch":
+                escapes += [f"{path.name}:{node.lineno} {node.value.attr}"]
+    assert escapes == [], escapes
+
+
+@pytest.mark.device_free  # it checks that torch's own factories come back when the last mode ends
+def test_the_mode_is_undone_and_watches_only_its_thread() -> None:
+    """Leaving the last mode restores torch's own factories; another thread's tensors are not recorded."""
+    import threading
+
+    original = torch.zeros
+    mode = StrictDevice()
+    with mode:
+        assert torch.zeros is not original
+        place = PACKAGE + "engine/planted_thread.py"
+        namespace: dict = {}
+        exec(compile("import torch\ndef make():\n    return torch.zeros(2)\n", place, "exec"), namespace)
+        worker = threading.Thread(target=namespace["make"])
+        worker.start(), worker.join()
+        assert mode.places == {}
+        namespace["make"]()
+        assert mode.places == {"diagnostics/engine/planted_thread.py:3": "zeros"}
+    assert torch.zeros is original

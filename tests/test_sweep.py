@@ -164,6 +164,7 @@ def test_sweep_aggregates_equal_the_stored_runs(prompt_file: Path, tiny_target, 
     assert "lenience:0.5: distortion" in summaries["lenience:0.5"].verdict()
 
 
+@pytest.mark.slow  # slow tier: a sweep stopped and resumed (about 12 s)
 def test_a_stopped_sweep_resumes_to_the_same_tokens(prompt_file: Path, tiny_target, tmp_path: Path) -> None:
     """Stopped mid-batch (some units done, the rows in flight interrupted, the rest never started),
     resumed: the missing units run, the partial ones again from the start, and every unit's tokens
@@ -208,6 +209,7 @@ def test_a_stopped_sweep_resumes_to_the_same_tokens(prompt_file: Path, tiny_targ
     assert len(broken.list_runs()) == 12  # no orphan left behind
 
 
+@pytest.mark.slow  # slow tier: a sweep command killed and resumed (about 15 s)
 def test_a_killed_sweep_command_resumes_to_the_same_tokens(prompt_file: Path, tiny_folder3: str, tiny_target, tmp_path: Path) -> None:
     """``sweep`` killed with SIGKILL after two units: ``--resume`` runs the rest, and every unit's
     tokens equal an uninterrupted sweep's; nothing the kill left half-written remains."""
@@ -248,6 +250,7 @@ def test_a_killed_sweep_command_resumes_to_the_same_tokens(prompt_file: Path, ti
     assert len(killed.list_runs()) == 6 * 4 and set(killed.list_runs()["status"]) == {"complete"}
 
 
+@pytest.mark.slow  # slow tier: starts a Ray cluster and kills a worker (about 30 s)
 def test_a_sweep_on_ray_gives_the_same_records_and_survives_a_lost_worker(prompt_file: Path, tiny_folder3: str, tiny_target,
                                                                          tmp_path: Path, monkeypatch, capsys) -> None:
     """``sweep --ray --workers 2`` (a local Ray): every stored record of every run (positions, tree
@@ -381,7 +384,7 @@ def test_a_humaneval_sweep_checks_in_the_sandbox_or_refuses_before_anything_runs
     """A sweep whose checker runs generated code stores each run's sandboxed score; where bubblewrap
     is missing it refuses in one line before any model work or row."""
     import diagnostics.evaluation.sandbox as sandbox
-    from test_sandbox import require_sandbox
+    from test_sandbox import require_sandbox, sandbox_turn
 
     from diagnostics.cli import main
     from diagnostics.evaluation.sandbox import SandboxUnavailable
@@ -403,8 +406,9 @@ def test_a_humaneval_sweep_checks_in_the_sandbox_or_refuses_before_anything_runs
     assert Store(tmp_path / "cli.duckdb").list_sweeps().empty
     monkeypatch.undo()
     sandbox.sandbox_problem.cache_clear()
-    require_sandbox()
-    sweep_id = run_sweep(store, tiny_target, "early-exit:2", _settings(path, ["lenience:0.5"], seeds=1))
+    with sandbox_turn():  # never while test_sandbox counts sandboxed programs in another worker
+        require_sandbox()
+        sweep_id = run_sweep(store, tiny_target, "early-exit:2", _settings(path, ["lenience:0.5"], seeds=1))
     linked = store.sweep_runs(sweep_id)
     assert len(linked) == 2 and linked["score"].tolist() == [0.0, 0.0]  # a 3-layer random model writes no working code
 

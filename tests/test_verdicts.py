@@ -42,6 +42,7 @@ def _rows(capsys) -> list[dict]:
     return [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
 
 
+@pytest.mark.slow  # slow tier: the verdict table's CI row, end to end (about 25 s)
 def test_a_real_engines_row_end_to_end_with_its_control_evidence_and_resume(models, tmp_path: Path, capsys) -> None:
     readme = tmp_path / "README.md"
     readme.write_text(f"# Title\n\nbefore\n{START}\nold table\n{END}\nafter\n")
@@ -95,6 +96,7 @@ def test_a_real_engines_row_end_to_end_with_its_control_evidence_and_resume(mode
     assert continued == made_by_workers[: len(continued)] and len(continued) > 10
 
 
+@pytest.mark.slow  # slow tier: each planted engine bug through the table (about 20 s)
 def test_every_planted_engine_bug_fails_through_the_table(models, tmp_path: Path, capsys) -> None:
     from diagnostics.audit import BATCH_MUTANTS, ENGINE_MUTANTS
 
@@ -191,6 +193,7 @@ def test_bad_options_are_one_line(models, tmp_path: Path, capsys, extra, fragmen
     assert not (tmp_path / "verdicts.json").exists()
 
 
+@pytest.mark.slow  # slow tier: a served row audited against the server's scores (about 12 s)
 def test_an_endpoint_row_audited_against_the_servers_own_scores(tmp_path: Path, capsys) -> None:
     """A GPU user's row (``--endpoint``, ``--oracle server``) on a fake vLLM over the tiny target:
     no local copy of the model is loaded, the server tokenizes and its prompt log-probs are the oracle."""
@@ -249,6 +252,7 @@ def _children(pid: int) -> set[int]:
     return found
 
 
+@pytest.mark.slow  # slow tier: a table run killed mid-row and continued (about 22 s)
 def test_a_killed_table_run_stops_its_workers_keeps_its_files_and_continues(models, tmp_path: Path) -> None:
     """SIGTERM unwinds like Ctrl-C: exit 130 in seconds, the worker processes gone, every line of the
     side's file whole, and the same command continues the file (not starting it again)."""
