@@ -61,6 +61,16 @@ def _renders(path: Path, tmp_path: Path, capsys) -> None:
     capsys.readouterr()
 
 
+def _refused_in_one_line(path: Path, expectation: str, tmp_path: Path, capsys) -> None:
+    """The import refuses the file with the expected line, and the CLI says so in one line too."""
+    with pytest.raises(StoreError) as error:
+        import_runs(path, tmp_path / "imported.duckdb")
+    message = str(error.value)
+    assert expectation.removeprefix("refused: ") in message and "\n" not in message, message
+    assert main(["report", "x", "--db", str(path), "-o", str(tmp_path / "r.html")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
 def test_the_real_export_opens_everywhere(base, tmp_path: Path, app_env, capsys) -> None:
     """The control: the file every defect is made from is accepted and renders."""
     _renders(base.path, tmp_path, capsys)
@@ -78,14 +88,8 @@ def test_a_malformed_shared_file_is_refused_or_renders(name: str, corpus, tmp_pa
     path, expectation = corpus[name]
     before = _sha(path)
     if expectation.startswith("refused: "):
-        with pytest.raises(StoreError) as error:
-            import_runs(path, tmp_path / "imported.duckdb")
-        message = str(error.value)
-        assert expectation.removeprefix("refused: ") in message and "\n" not in message, message
-        # The CLI says the same in one line, and the pages too (a file opened read-only by path).
-        assert main(["report", "x", "--db", str(path), "-o", str(tmp_path / "r.html")]) == 2
-        assert capsys.readouterr().err.count("\n") == 1
-        visit_every_page(str(path))
+        _refused_in_one_line(path, expectation, tmp_path, capsys)
+        visit_every_page(str(path))  # the pages too (a file opened read-only by path)
     else:
         _renders(path, tmp_path, capsys)
     assert _sha(path) == before
@@ -98,12 +102,7 @@ def test_each_malformed_shared_file_is_answered_in_one_line(name: str, corpus, t
     path, expectation = corpus[name]
     before = _sha(path)
     if expectation.startswith("refused: "):
-        with pytest.raises(StoreError) as error:
-            import_runs(path, tmp_path / "imported.duckdb")
-        message = str(error.value)
-        assert expectation.removeprefix("refused: ") in message and "\n" not in message, message
-        assert main(["report", "x", "--db", str(path), "-o", str(tmp_path / "r.html")]) == 2
-        assert capsys.readouterr().err.count("\n") == 1
+        _refused_in_one_line(path, expectation, tmp_path, capsys)
     else:
         opened = import_runs(path, tmp_path / "imported.duckdb")
         run_ids = opened.list_runs()["run_id"].tolist()
