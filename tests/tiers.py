@@ -8,7 +8,7 @@
 Every run prints, after the tests, each tier's total, the ten slowest tests and the costliest
 files, so that a new capability shows its cost in CI's log. An everyday-tier file whose tests take
 more than ``EVERYDAY_FILE_BUDGET_S`` seconds together fails the run: it belongs in ``slow``, or
-should be made cheaper. The budget is a generous bound (the costliest everyday file took a third of
+should be made cheaper. The budget is a generous bound (the costliest everyday file took about half of
 it on a 2-core machine), not a figure from one machine; ``EVERYDAY_FILE_BUDGET_S=0`` turns the
 guard off (for a run on a machine known to be much slower).
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 
-EVERYDAY_FILE_BUDGET_S = float(os.environ.get("EVERYDAY_FILE_BUDGET_S", "90"))
+EVERYDAY_FILE_BUDGET_S = float(os.environ.get("EVERYDAY_FILE_BUDGET_S", "120"))
 
 # Scheduled first: the costliest files (longest first, so that the two workers end together rather
 # than one finishing an end-to-end statistics file alone), then the rest of the slow tier, then the
