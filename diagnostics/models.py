@@ -112,28 +112,33 @@ def embedded_tokenizer() -> Any:
     return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
 
 
+def _whole_cache(folder: Path) -> bool:
+    """The converted copy is there with its weights and its tokenizer."""
+    return (folder / "model.safetensors").is_file() and (folder / "tokenizer_config.json").is_file()
+
+
 def _load_embedded(dtype: Any) -> tuple[Any, Any]:
     """Load the embedded model, from the safetensors cache when it exists."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     cached = cache_root() / "smollm2-135m-instruct"
-    if (cached / "model.safetensors").is_file() and (cached / "tokenizer_config.json").is_file():
+    if _whole_cache(cached):
         tokenizer = AutoTokenizer.from_pretrained(cached)
         model = AutoModelForCausalLM.from_pretrained(cached, dtype=torch.float32 if dtype == "auto" else dtype)
         return model, tokenizer
     gguf = embedded_gguf_path()
     model, tokenizer = _load_gguf(gguf.parent, gguf.name, torch.float32)
+    # A folder of this process's own: two processes converting at once (test workers, two
+    # dashboards) never write into one folder, and the cache appears whole or not at all.
+    partial = cached.with_name(f"{cached.name}.partial-{os.getpid()}")
     try:
         # The dequantised weights are plain tensors; forget the GGUF origin so they can be saved.
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
-        # A folder of this process's own: two processes converting at once (test workers, two
-        # dashboards) never write into one folder, and the cache appears whole or not at all.
-        partial = cached.with_name(f"{cached.name}.partial-{os.getpid()}")
         model.save_pretrained(partial)
         tokenizer.save_pretrained(partial)
-        if (cached / "model.safetensors").is_file() and (cached / "tokenizer_config.json").is_file():
+        if _whole_cache(cached):
             shutil.rmtree(partial)  # another process finished first: keep its copy, which may be in use
         else:
             if cached.exists():
@@ -141,7 +146,7 @@ def _load_embedded(dtype: Any) -> tuple[Any, Any]:
             partial.rename(cached)
     except OSError:
         # A read-only checkout, or a race lost to another process, only loses the speed-up.
-        shutil.rmtree(cached.with_name(f"{cached.name}.partial-{os.getpid()}"), ignore_errors=True)
+        shutil.rmtree(partial, ignore_errors=True)
     if dtype not in ("auto", torch.float32):
         model = model.to(dtype)
     return model, tokenizer

@@ -10,7 +10,7 @@ is meant for the host says so with ``device="cpu"``.
 
 It wraps the factories themselves (``torch.zeros`` and the rest of torch's own list of device
 constructors) while a mode is active, rather than running as a ``TorchFunctionMode``: a function
-mode sees every torch call, which made the engine tests 1.5-1.8x slower (measured on ``test_batch``),
+mode sees every torch call, which made the engine tests 1.45-1.5x slower (measured on ``test_batch``),
 while a factory wrapper costs nothing on the other ops. A factory bound under another name before the
 mode starts (``from torch import zeros``) would escape it, so ``test_strict_device`` checks that no
 module under ``diagnostics/`` imports one that way.
@@ -33,7 +33,7 @@ from torch.utils._device import DeviceContext, _device_constructors
 CONSTRUCTORS = _device_constructors()
 PACKAGE = str(Path(__file__).resolve().parents[1] / "diagnostics") + "/"
 TORCH = str(Path(torch.__file__).resolve().parent) + "/"
-# Where the factories are reached by name: torch itself, and the fft helpers' public module.
+# Where the factories are reached by name: torch itself, and the fft and nested modules.
 _NAMESPACES = (torch, torch.fft, torch.nested)
 
 

@@ -110,23 +110,31 @@ def test_strict_device_is_on_for_this_test(strict_device) -> None:
     assert Path(PACKAGE).name == "diagnostics"
 
 
-def test_no_module_binds_a_factory_under_another_name() -> None:
-    """The mode wraps ``torch.zeros`` and the other factories where they are looked up by name; a
-    module under ``diagnostics/`` that bound one itself (``from torch import zeros``) would escape it."""
+def _factories_bound_by_name(source: str) -> list[str]:
+    """``line name`` of each torch factory that ``source`` binds itself (``from torch import zeros``,
+    ``zeros = torch.zeros``): the strict-device mode wraps factories only where they are looked up."""
     import ast
 
     from strict_device import CONSTRUCTORS
 
     names = {getattr(factory, "__name__", "") for factory in CONSTRUCTORS}
-    escapes = []
-    for path in Path(PACKAGE).rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "torch":
-                escapes += [f"{path.name}:{node.lineno} {alias.name}" for alias in node.names if alias.name in names]
-            elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Attribute) and node.value.attr in names \
-                    and isinstance(node.value.value, ast.Name) and node.value.value.id == "torch":
-                escapes += [f"{path.name}:{node.lineno} {node.value.attr}"]
-    assert escapes == [], escapes
+    bound = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "torch":
+            bound += [f"{node.lineno} {alias.name}" for alias in node.names if alias.name in names]
+        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Attribute) and node.value.attr in names \
+                and isinstance(node.value.value, ast.Name) and node.value.value.id == "torch":
+            bound.append(f"{node.lineno} {node.value.attr}")
+    return bound
+
+
+def test_no_module_binds_a_factory_under_another_name() -> None:
+    """No module under ``diagnostics/`` binds a factory itself, so none escapes the mode; a planted
+    module that does is found (the negative control)."""
+    escapes = {path.name: _factories_bound_by_name(path.read_text(encoding="utf-8")) for path in Path(PACKAGE).rglob("*.py")}
+    assert {name: lines for name, lines in escapes.items() if lines} == {}
+    planted = "import torch\nfrom torch import nn, zeros\nmake = torch.arange\n"
+    assert _factories_bound_by_name(planted) == ["2 zeros", "3 arange"]
 
 
 @pytest.mark.device_free  # it checks that torch's own factories come back when the last mode ends
