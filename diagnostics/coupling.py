@@ -90,7 +90,16 @@ def partner_rule(run: dict[str, Any], rule: str | None = None) -> str:
         raise CouplingError(f"rule: {error}") from None
     if is_lossless(spec):
         raise CouplingError("this run is lossless already: type a lossy rule to run beside it, e.g. lenience:0.5")
+    if get_rule(spec).lossless_equivalent:
+        raise CouplingError(lossless_equivalent_message(spec))
     return spec
+
+
+def lossless_equivalent_message(spec: str) -> str:
+    """Why a lossless-equivalent rule (``lenience:1``, ``cos:0``, ``mentored:1,1``) cannot be a lossy partner."""
+    return (f"{spec} is lossless: at these parameters it accepts with min(1, p/q) and resamples norm((p − q)+), "
+            "so its law is p and, on the same coins, it emits the lossless run's tokens: the two runs will not part. "
+            "Type a lossy rule, e.g. lenience:0.5")
 
 
 def plan_coupling(store: Store, run_id: str, rule: str | None = None) -> CouplingPlan:

@@ -193,6 +193,7 @@ def test_cli_run_with_lossless_records_links_and_says_where_and_why(capsys, tmp_
 
 @pytest.mark.parametrize("extra, fragment", [
     (["--rule", "lossless"], "pass a lossy --rule"),
+    (["--rule", "lenience:1"], "lenience:1 is lossless"),
     (["--rule", "lenience:0.5", "--replay", "abc"], "--with-lossless and --replay exclude each other"),
 ])
 def test_cli_with_lossless_refusals_are_one_line_and_store_nothing(capsys, tmp_path: Path, target, extra, fragment) -> None:
@@ -225,3 +226,26 @@ def test_a_pair_that_never_parts_is_linked_and_its_lossless_run_still_takes_anot
     beside = couple(store, coupling.lossless_id, target, "ngram:2", "lenience:0.05")
     assert beside.group_id == coupling.group_id
     assert beside.divergence == stored_divergence(store, lossy, beside.lossy_id)
+
+
+EQUIVALENT = ("lenience:1", "cos:0", "mentored:1,1")
+
+
+def test_a_lossless_equivalent_rule_is_refused_as_the_lossy_partner_and_would_not_part(tmp_path: Path, target) -> None:
+    """Everyday, ~1 s. ``lenience:1``, ``cos:0`` and ``mentored:1,1`` offered beside a lossless run
+    are refused in one line that says they are lossless and the runs will not part; recorded on the
+    lossless run's seed, each indeed emits its tokens (the claim, checked on the real engine)."""
+    store = Store(tmp_path / "runs.duckdb")
+    lossless, _ = record_run(store, target, "ngram:2", RunRequest(rule="lossless", seed=5, **BASE))
+    count = _run_count(store)
+    for rule in EQUIVALENT:
+        with pytest.raises(CouplingError) as error:
+            couple(store, lossless, target, "ngram:2", rule)
+        message = str(error.value)
+        assert message.startswith(f"{rule} is lossless") and "will not part" in message and "\n" not in message, message
+    assert _run_count(store) == count and store.get_run(lossless)["group_id"] is None
+    tokens = store.positions(lossless)["token"].tolist()
+    for rule in EQUIVALENT:
+        same = _lossy_run(store, target, seed=5, rule=rule)
+        assert store.positions(same)["token"].tolist() == tokens, rule
+    assert couple(store, lossless, target, "ngram:2", "lenience:0.99").recorded  # just off 1: a lossy partner

@@ -315,3 +315,23 @@ def test_bad_inputs_are_refused() -> None:
         rule.induced(torch.zeros(3), torch.ones(3))
     with pytest.raises(RuleError, match="no tree form"):
         get_tree_rule("cos:0.5")
+
+
+@pytest.mark.parametrize("spec, equivalent", [
+    ("lossless", True), ("lenience:1", True), ("cos:0", True), ("mentored:1,1", True),
+    ("lenience:0.999", False), ("cos:0.001", False), ("mentored:1,1.001", False), ("mentored:0.999,1", False),
+    ("greedy", False), ("cascade:1", False), ("typical:0.1", False),
+])
+def test_lossless_equivalent_rules_are_the_lossless_mechanism_bit_for_bit(spec: str, equivalent: bool) -> None:
+    """Everyday, < 0.1 s. A rule flagged lossless-equivalent has the lossless rule's acceptance and
+    fallback bit for bit (so the same coins give the same tokens) and induced law ``p``; the rules just
+    off those parameters (negative controls) are flagged lossy and their law differs from ``p``."""
+    rule, lossless = get_rule(spec), get_rule("lossless")
+    assert rule.lossless_equivalent is equivalent
+    generator = torch.Generator().manual_seed(11)
+    p = torch.stack([dirichlet(32, 0.3, generator) for _ in range(64)])
+    q = torch.stack([dirichlet(32, 0.3, generator) for _ in range(64)])
+    same_mechanism = (torch.equal(rule.accept_prob(p, q), lossless.accept_prob(p, q))
+                      and torch.equal(rule.fallback(p, q), lossless.fallback(p, q)))
+    law_is_p = torch.allclose(rule.induced(p, q), p, atol=1e-12)
+    assert same_mechanism is equivalent and law_is_p is equivalent

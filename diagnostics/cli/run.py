@@ -35,10 +35,13 @@ def command_run(args: argparse.Namespace) -> int:
 
 def check_with_lossless(rule: str) -> None:
     """``--with-lossless`` needs a lossy ``--rule`` (one line otherwise, before any work)."""
-    from diagnostics.coupling import is_lossless
+    from diagnostics.coupling import is_lossless, lossless_equivalent_message
+    from diagnostics.rules import get_rule
 
     if is_lossless(rule):
         raise ValueError("--with-lossless records the lossless run beside a lossy one; pass a lossy --rule, e.g. lenience:0.5")
+    if get_rule(rule).lossless_equivalent:
+        raise ValueError("--with-lossless: " + lossless_equivalent_message(get_rule(rule).spec))
 
 
 def with_lossless(store: Any, run_id: str, target: Any, draft: Any, args: argparse.Namespace) -> dict[str, Any]:

@@ -166,6 +166,19 @@ class Rule:
     def lossy(self) -> bool:
         return self.family != "lossless"
 
+    # Parameters at which a lossy family's rule *is* the lossless rule: the same acceptance
+    # ``min(1, p/q)`` and fallback ``norm((p − q)+)``, computed bit for bit alike, so with the same
+    # coins it emits the same tokens (``lenience:1``, ``cos:0``, ``mentored:1,1``).
+    lossless_params: ClassVar[dict[str, float] | None] = None
+
+    @property
+    def lossless_equivalent(self) -> bool:
+        """Whether this rule's mechanism is the lossless one (``a = min(1, p/q)``, ``f = norm((p − q)+)``,
+        so ``P = p``): the lossless rule itself, or a lossy family at its lossless parameters."""
+        if self.name == "lossless":
+            return True  # greedy shares the lossless family (exact at temperature 0) but not its mechanism
+        return self.lossless_params is not None and all(getattr(self, key) == value for key, value in self.lossless_params.items())
+
     def accept_prob(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
         """``a(v)`` for every token ``v``: the probability of keeping ``v`` when it is drafted."""
         raise NotImplementedError
@@ -391,6 +404,7 @@ class Lenience(Rule):
     family: ClassVar[str] = "collaborative"
     param_names: ClassVar[tuple[str, ...]] = ("l",)
     summary: ClassVar[str] = "accept x with min(1, p/(l·q)); on rejection sample norm((p − q)+). P ≤ p/l."
+    lossless_params: ClassVar[dict[str, float] | None] = {"l": 1.0}
     tree_capable: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
@@ -432,19 +446,24 @@ class CoS(Rule):
     family: ClassVar[str] = "collaborative"
     param_names: ClassVar[tuple[str, ...]] = ("lam",)
     summary: ClassVar[str] = "CoS ensemble: lossless verification of r = λ·q + (1 − λ)·p (λ = draft weight)."
+    lossless_params: ClassVar[dict[str, float] | None] = {"lam": 0.0}
 
     def __post_init__(self) -> None:
         _check_range("cos", "lam", self.lam, 0.0, 1.0, hint="the draft's weight in the ensemble; 0 is lossless")
 
     def ensemble(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
         """``r = λ·q + (1 − λ)·p``."""
-        p_target, q_draft = as_laws(p, q)
+        return self._mix(*as_laws(p, q))
+
+    def _mix(self, p_target: torch.Tensor, q_draft: torch.Tensor) -> torch.Tensor:
+        # On laws already checked and normalised: normalising twice moves p by an ulp, and at λ = 0
+        # the mixture must be p bit for bit (cos:0 is then the lossless mechanism itself).
         return self.lam * q_draft + (1.0 - self.lam) * p_target
 
     def accept_prob(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
         """``a = min(1, r/q)``."""
         p_target, q_draft = as_laws(p, q)
-        return safe_ratio(self.ensemble(p_target, q_draft), q_draft).clamp(max=1.0)
+        return safe_ratio(self._mix(p_target, q_draft), q_draft).clamp(max=1.0)
 
     def fallback(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
         """``f = norm((r − q)+) = norm((p − q)+)``.
@@ -468,6 +487,7 @@ class Mentored(Rule):
     family: ClassVar[str] = "collaborative"
     param_names: ClassVar[tuple[str, ...]] = ("alpha", "beta")
     summary: ClassVar[str] = "accept x with min(1, p/(α·q)); on rejection sample norm((p/β − q)+)."
+    lossless_params: ClassVar[dict[str, float] | None] = {"alpha": 1.0, "beta": 1.0}
 
     def __post_init__(self) -> None:
         _check_range("mentored", "alpha", self.alpha, 0.0, 1.0, low_open=True, hint="the acceptance ceiling p/alpha")
