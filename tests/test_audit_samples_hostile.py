@@ -443,3 +443,44 @@ def test_the_audit_page_upload_refuses_hostile_lines_and_audits_text(tmp_path: P
         else:
             assert any(message in error.value for error in at.error), (name, [e.value for e in at.error])
             assert audits.empty
+
+
+def _diverging(generations: int, seed: int, speculative: bool, length: int = 12) -> list[Sample]:
+    """Two laws that agree at position 0 (uniform over 8 ids) and part after it: the speculative
+    side stays uniform, the plain side draws id 3 with probability 0.4 (TV 0.35 a position)."""
+    rng = random.Random(seed)
+    samples = []
+    for index in range(generations):
+        ids = [rng.randrange(3, 11)]
+        for _ in range(length - 1):
+            ids.append(rng.randrange(3, 11) if speculative or rng.random() >= 0.4 else 3)
+        samples.append(Sample(prompt="p", token_ids=ids, temperature=1.0, max_tokens=length, finish_reason="length",
+                              seed=seed * 10_000 + index, speculative=speculative))
+    return samples
+
+
+def test_one_lines_max_tokens_censors_that_line_only_and_a_fail_stays_a_fail() -> None:
+    """Everyday, ~1 s. Two 400-generation samples whose laws part after position 0 fail; setting one
+    line's ``max_tokens`` to 1 used to cut every generation of the prompt, both files, at 1 token and
+    the comparison passed on position 0 alone. Now that line alone is censored, and the note says so."""
+    spec, plain = _diverging(400, 1, True), _diverging(400, 2, False)
+    honest = two_sample_audit(spec, plain)
+    assert honest.verdict == "fail" and honest.settings["censored_lines"] == 0, honest.reasons
+    spec[17] = Sample(**{**vars(spec[17]), "max_tokens": 1})
+    bent = two_sample_audit(spec, plain)
+    assert bent.verdict == "fail" and len(bent.positions) > 1, bent.reasons
+    assert bent.settings["censored_lines"] == 1 and bent.settings["censored_tokens"] == 11
+    assert any("1 generations with speculation declare a smaller max_tokens than the largest of their prompt (1 against up to 12)" in note
+               for note in bent.notes), bent.notes
+
+
+def test_limits_that_cut_away_most_of_the_evidence_cannot_pass() -> None:
+    """Everyday, ~1 s. Both samples of one law (a pass with the limits as collected); declaring
+    max_tokens 1 on every line of one side leaves position 0 only: most of the tokens held are cut,
+    which the note says, and the verdict is inconclusive however many generations position 0 has."""
+    spec, plain = _diverging(3000, 3, True, length=4), _diverging(3000, 4, True, length=4)
+    assert two_sample_audit(spec, plain, detect_tv=0.2).verdict == "pass"
+    cut = [Sample(**{**vars(sample), "max_tokens": 1}) for sample in spec]
+    result = two_sample_audit(cut, plain, detect_tv=0.2)
+    assert result.verdict == "inconclusive" and [test.position for test in result.positions] == [0], result.reasons
+    assert any("that is most of the evidence, so the comparison cannot pass" in note for note in result.notes), result.notes

@@ -26,10 +26,15 @@ time and memory are linear in the tokens walked (no prefix is ever copied), so t
 Power: per context, ``λ_c ≥ 4·n_c·TV_c²`` with ``n_c = n_a·n_b/(n_a + n_b)``; a distortion of
 TV ``ε`` at every context gives ``λ ≥ 4ε² Σ_c n_c``, which sizes ``detectable_tv``.
 
-The token limit: a line's ``max_tokens`` (the smallest declared in a prompt's group, both sides),
-else the longest generation seen. Generations are compared up to it: one that reaches it ends
-nowhere (a context at the limit is not tested), so an engine that overshoots its ``max_tokens``
-by whole speculation rounds is not mistaken for another law; how many exceeded it is said.
+The token limit is each line's own: its ``max_tokens``, else (no limit declared) the longest
+generation of its prompt's group, both sides. A generation is compared up to its own limit: one
+that reaches it ends nowhere (it is censored there and takes no part in deeper contexts), so an
+engine that overshoots its ``max_tokens`` by whole speculation rounds is not mistaken for another
+law, and one line's small limit censors that line only, never its group. Censoring by a limit
+fixed before sampling leaves every law at a shallower context unchanged, so the tests stay exact.
+Tokens a file holds within its group's largest limit but past their own line's are counted: when
+they are most of the tokens, the comparison rests on what is left and cannot pass (inconclusive),
+and the note says so; how many generations exceeded their limit is said too.
 """
 
 from __future__ import annotations
@@ -66,11 +71,10 @@ def _key(sample: Sample) -> tuple:
     return (sample.prompt, ids, sample.settings_key)
 
 
-def _limit(samples: list[Sample]) -> int:
-    """The token limit a prompt's generations are compared up to: the smallest ``max_tokens``
-    declared in the group, else the longest generation seen (the limit both sides were held to)."""
-    declared = [sample.max_tokens for sample in samples if sample.max_tokens is not None]
-    return min(declared) if declared else max(len(sample.token_ids) for sample in samples)
+def _limits(samples: list[Sample], fallback: int) -> list[int]:
+    """Each generation's own token limit: its declared ``max_tokens``, else ``fallback`` (the
+    longest generation of its prompt's group, both sides: the limit both were held to)."""
+    return [sample.max_tokens if sample.max_tokens is not None else fallback for sample in samples]
 
 
 def _over_limit(samples: list[Sample]) -> int:
@@ -78,13 +82,44 @@ def _over_limit(samples: list[Sample]) -> int:
     return sum(sample.max_tokens is not None and len(sample.token_ids) > sample.max_tokens for sample in samples)
 
 
-def _paths(samples: list[Sample], limit: int) -> list[tuple[int, ...]]:
-    """Each generation's symbols: its tokens up to the limit, then ``END`` when it ended before it."""
+def _paths(samples: list[Sample], limits: list[int]) -> list[tuple[int, ...]]:
+    """Each generation's symbols: its tokens up to its own limit, then ``END`` when it ended before
+    it; a generation with no symbol (limit 0) is left out."""
     paths = []
-    for sample in samples:
+    for sample, limit in zip(samples, limits):
         tokens = tuple(sample.token_ids[:limit])
-        paths.append(tokens + ((END,) if len(tokens) < limit else ()))
+        path = tokens + ((END,) if len(tokens) < limit else ())
+        if path:
+            paths.append(path)
     return paths
+
+
+@dataclass
+class Censoring:
+    """What the lines' own limits cut: ``cut`` of the ``held`` tokens within each group's largest
+    limit lie past their own line's limit, in ``lines`` generations whose limit is below it."""
+
+    lines: int = 0
+    cut: int = 0
+    held: int = 0
+    smallest: int | None = None
+    largest: int | None = None
+
+    def add(self, samples: list[Sample], limits: list[int], widest: int) -> None:
+        for sample, limit in zip(samples, limits):
+            within = min(len(sample.token_ids), widest)
+            self.held += within
+            if limit < widest:
+                self.lines += 1
+                self.cut += max(0, within - limit)
+                self.smallest = limit if self.smallest is None else min(self.smallest, limit)
+                self.largest = widest if self.largest is None else max(self.largest, widest)
+
+    @property
+    def most(self) -> bool:
+        """Whether the limits cut away most of this side's evidence (more than half its tokens held):
+        a context is compared only where both sides reach it, so that is most of the comparison's."""
+        return self.cut * 2 > self.held
 
 
 def _g_test(depth: int, count_a: Counter, count_b: Counter) -> ContextTest | None:
@@ -168,12 +203,18 @@ def two_sample_audit(speculative: list[Sample], baseline: list[Sample], *, level
                            "lossless engine may return the same text on both sides; collect the baseline with other seeds")
     tests: list[ContextTest] = []
     over_a = over_b = 0
+    censoring = (Censoring(), Censoring())  # sample A's, sample B's
     for key in shared:
-        limit = _limit(groups_a[key] + groups_b[key])
-        over_a, over_b = over_a + _over_limit(groups_a[key]), over_b + _over_limit(groups_b[key])
-        if limit == 0:  # every path is empty: no symbol to compare, not even END
-            continue
-        tests.extend(_context_tests(_paths(groups_a[key], limit), _paths(groups_b[key], limit)))
+        group_a, group_b = groups_a[key], groups_b[key]
+        fallback = max(len(sample.token_ids) for sample in group_a + group_b)
+        limits_a, limits_b = _limits(group_a, fallback), _limits(group_b, fallback)
+        widest = max(limits_a + limits_b)
+        censoring[0].add(group_a, limits_a, widest)
+        censoring[1].add(group_b, limits_b, widest)
+        over_a, over_b = over_a + _over_limit(group_a), over_b + _over_limit(group_b)
+        paths_a, paths_b = _paths(group_a, limits_a), _paths(group_b, limits_b)
+        if paths_a and paths_b:
+            tests.extend(_context_tests(paths_a, paths_b))
     statistic = sum(test.statistic for test in tests)
     dof = sum(test.dof for test in tests)
     p_value = float(stats.chi2.sf(statistic, dof)) if dof else 1.0
@@ -190,7 +231,7 @@ def two_sample_audit(speculative: list[Sample], baseline: list[Sample], *, level
     weight = sum(test.weight for test in tests)
     detectable = detectable_tv(max(1, int(weight)), max(1, dof), level / 2, DETECTION_POWER) if tests else 1.0
     failed = p_value < level / 2 or (worst is not None and worst.adjusted_p < level / 2)
-    verdict = "fail" if failed else ("inconclusive" if detectable > detect_tv else "pass")
+    verdict = "fail" if failed else ("inconclusive" if detectable > detect_tv or any(side.most for side in censoring) else "pass")
     needed = required_samples(detect_tv, max(1, dof), level / 2, DETECTION_POWER) if verdict == "inconclusive" else 0
     used_a = sum(len(groups_a[key]) for key in shared)
     used_b = sum(len(groups_b[key]) for key in shared)
@@ -201,6 +242,14 @@ def two_sample_audit(speculative: list[Sample], baseline: list[Sample], *, level
     if verdict == "inconclusive":
         notes.append(f"about {needed:,} comparable tokens (n_a·n_b/(n_a+n_b) summed over contexts) would detect TV {detect_tv:g}; "
                      f"this sample has {int(weight):,}")
+    for side, name in zip(censoring, (name_a, name_b)):
+        if side.lines:
+            share = side.cut / side.held if side.held else 0.0
+            notes.append(f"{side.lines} generations {name} declare a smaller max_tokens than the largest of their prompt "
+                         f"({side.smallest} against up to {side.largest}): each is compared up to its own limit, which "
+                         f"leaves out {side.cut:,} of the {side.held:,} tokens they hold ({share:.0%})"
+                         + ("; that is most of the evidence, so the comparison cannot pass: collect with one max_tokens"
+                            if side.most else ""))
     if over_a or over_b:
         notes.append(f"{over_a + over_b} generations ({over_a} {name_a}, {over_b} {name_b}) are longer than their declared "
                      "max_tokens: compared up to it (an engine that overshoots by whole rounds is not another law)")
@@ -215,7 +264,8 @@ def two_sample_audit(speculative: list[Sample], baseline: list[Sample], *, level
         worst_position_p=worst.adjusted_p if worst else None, engine=", ".join(engines) or None,
         time_s=time.perf_counter() - started, notes=notes,
         settings={"baseline_generations": used_b, "contexts": len(tests), "dof": dof,
-                  "longer_than_max_tokens": over_a + over_b},
+                  "longer_than_max_tokens": over_a + over_b, "censored_lines": sum(side.lines for side in censoring),
+                  "censored_tokens": sum(side.cut for side in censoring), "tokens_held": sum(side.held for side in censoring)},
     )
 
 
