@@ -16,7 +16,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import math
 import random
+from collections import Counter
 import subprocess
 import sys
 import tracemalloc
@@ -73,6 +75,11 @@ HOSTILE_LINES = {
     "a negative prompt id": ('{"prompt": "a", "prompt_ids": [1, -7], "token_ids": [1], "temperature": 1}', "it holds -7"),
     "-inf for every top score": ('{"prompt": "a", "token_ids": [1], "temperature": 1, "scores": '
                                  '[{"logprob": -1, "top": [[1, -Infinity], [2, -9999]]}]}', "log-probability -inf"),
+    # Fields that contradict the data: ids "retokenized" from a text the line does not have.
+    "retokenized ids without text": ('{"prompt": "a", "token_ids": [1], "temperature": 1, "ids_source": "retokenized"}',
+                                     "says its token_ids were retokenized from its text, but it has no text"),
+    "an unknown ids_source": ('{"prompt": "a", "token_ids": [1], "temperature": 1, "ids_source": "trust me"}',
+                              "'ids_source' must be \"engine\", \"retokenized\" or null"),
 }
 
 
@@ -484,3 +491,70 @@ def test_limits_that_cut_away_most_of_the_evidence_cannot_pass() -> None:
     result = two_sample_audit(cut, plain, detect_tv=0.2)
     assert result.verdict == "inconclusive" and [test.position for test in result.positions] == [0], result.reasons
     assert any("that is most of the evidence, so the comparison cannot pass" in note for note in result.notes), result.notes
+
+
+def test_repeated_lines_are_counted_once_and_said() -> None:
+    """Everyday, ~1 s. An honest sample of 100 generations written 16 times over, against 1,600 of the
+    same law: counted 1,600 times, each draw's deviation weighs 16-fold and the comparison fails; each
+    seeded draw is now counted once and the note says what the repeats would have done. Unseeded
+    repeats cannot be told from draws that came out alike: they are kept, counted and said."""
+    honest, baseline = _diverging(100, 5, True, length=6), _diverging(1600, 6, True, length=6)
+    repeated = [Sample(**vars(sample)) for _ in range(16) for sample in honest]
+    result = two_sample_audit(repeated, baseline, detect_tv=0.3)
+    assert result.verdict != "fail" and result.generations == 100, result.reasons
+    assert result.settings["repeated_lines"] == 1500 and result.settings["repeated_without_seed"] == 0
+    assert any(note.startswith("1500 lines repeat another generation exactly (same prompt, settings, seed and ids)")
+               for note in result.notes), result.notes
+    unseeded = [Sample(**{**vars(sample), "seed": None}) for sample in repeated]
+    kept = two_sample_audit(unseeded, baseline, detect_tv=0.3)
+    assert kept.generations == 1600 and kept.settings["repeated_without_seed"] == 1500
+    assert any("lines without a seed repeat another's prompt, settings and ids" in note for note in kept.notes)
+
+
+def _rejections(monkeypatch, g_test, replicates: int = 200, level: float = 0.05) -> float:
+    """How often the pooled two-sample test rejects at ``level`` when 100 and 1,600 three-token
+    generations come from one law (uniform over 8 ids), each context tested by ``g_test``."""
+    from scipy import stats
+
+    from diagnostics.audit import two_sample
+
+    monkeypatch.setattr(two_sample, "_g_test", g_test)
+    rng = random.Random(3)
+    rejected = 0
+    for _ in range(replicates):
+        side_a = [tuple(rng.randrange(8) for _ in range(3)) for _ in range(100)]
+        side_b = [tuple(rng.randrange(8) for _ in range(3)) for _ in range(1600)]
+        tests = _context_tests(side_a, side_b)
+        dof = sum(test.dof for test in tests)
+        rejected += dof > 0 and stats.chi2.sf(sum(test.statistic for test in tests), dof) < level
+    monkeypatch.undo()
+    return rejected / replicates
+
+
+def _pooled_by_total(depth: int, count_a: Counter, count_b: Counter):
+    """The planted bug (the rule used before): a symbol is its own cell when its *total* count
+    reaches 5, so the smaller side of 100 against 1,600 expects 0.3 in it; no Williams correction."""
+    from diagnostics.audit.two_sample import ContextTest
+
+    n_a, n_b = sum(count_a.values()), sum(count_b.values())
+    big = [symbol for symbol, total in (count_a + count_b).items() if total >= 5]
+    cells = [(count_a[symbol], count_b[symbol]) for symbol in big]
+    rest = (n_a - sum(a for a, _ in cells), n_b - sum(b for _, b in cells))
+    if sum(rest):
+        cells.append(rest)
+    total = n_a + n_b
+    statistic = sum(2.0 * observed * math.log(observed * total / (row * (a + b)))
+                    for a, b in cells for observed, row in ((a, n_a), (b, n_b)) if observed)
+    return ContextTest(depth, statistic, len(cells) - 1, n_a * n_b / total, total)
+
+
+def test_the_g_test_keeps_its_level_when_one_sample_is_sixteen_times_smaller(monkeypatch) -> None:
+    """Everyday, ~2 s. 200 null replicates of 100 against 1,600 generations: the two-sample test
+    rejects at 5% no more often than 5% + 3 standard errors (9.6%); 4.5% here. The planted bug, the
+    cells chosen by their total count (the rule before), rejects 23% of true nulls and is caught by
+    the same check; whole audits of 100 against 1,600 six-token generations rejected 23.5% then."""
+    from diagnostics.audit.two_sample import _g_test
+
+    bound = 0.05 + 3 * math.sqrt(0.05 * 0.95 / 200)
+    assert _rejections(monkeypatch, _g_test) <= bound
+    assert _rejections(monkeypatch, _pooled_by_total) > bound  # negative control

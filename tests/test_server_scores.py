@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 import pytest
 import torch
 from devices import DEVICE
@@ -211,6 +212,15 @@ def test_unsupported_settings_and_misuse_are_one_line_errors(server, prompts, tm
     assert "one entry per token id" in capsys.readouterr().err
 
 
+class _WordTokenizer:
+    """The fake server's tokenizer (a word is its id) in Hugging Face's calling shape."""
+
+    eos_token_id = 11
+
+    def __call__(self, text: str) -> dict[str, list[int]]:
+        return {"input_ids": [int(word) for word in text.split()]}
+
+
 @pytest.mark.parametrize("bug", [None, "drop"])
 def test_llama_cpp_native_ids_and_generations_cut_short(server, tmp_path, bug) -> None:
     """llama-server's own /completion returns the ids it generated, so nothing is retokenised or left
@@ -236,8 +246,22 @@ def test_llama_cpp_native_ids_and_generations_cut_short(server, tmp_path, bug) -
         assert dropped == 0 and result.verdict == "inconclusive" and result.stopped_short == 0, result.reasons
     else:
         assert dropped == len(samples) // 3 and result.stopped_short == dropped and result.verdict == "fail"
-        assert any("ended by length with fewer tokens than their max_tokens" in reason for reason in result.reasons)
+        assert any("ended with fewer tokens than their max_tokens and no EOS" in reason for reason in result.reasons)
         assert result.p_value > 0.01  # what survives follows the law: only the length check catches it
+        # The file cannot switch the check off: no finish_reason, a claim of retokenised ids, or "stop"
+        # on the engine's own ids (which would hold the EOS it sampled) leave the cut generations cut.
+        for change in ({"finish_reason": None}, {"ids_source": "retokenized", "completion_tokens": None},
+                       {"finish_reason": "stop"}):
+            bent = audit_samples([Sample(**{**vars(sample), **change}) for sample in samples], target, detect_tv=0.1)
+            assert bent.stopped_short == dropped and bent.verdict == "fail", (change, bent.reasons)
+        # A claim of retokenised ids is checked against the text where the target has a tokenizer:
+        # text that does not give the ids is refused, naming the line; text that does is accepted.
+        claimed = [Sample(**{**vars(sample), "ids_source": "retokenized", "completion_tokens": None}) for sample in samples]
+        assert audit_samples(claimed, replace(target, tokenizer=_WordTokenizer()), detect_tv=0.1).stopped_short == dropped
+        claimed[5].text = " 9" + (claimed[5].text or "")
+        with pytest.raises(SamplesError, match=r"line 6: says its token_ids were retokenized from its text, but its "
+                                                r"text tokenises to other ids"):
+            audit_samples(claimed, replace(target, tokenizer=_WordTokenizer()), detect_tv=0.1)
 
 
 def test_the_cli_collects_llama_cpp_ids_and_fails_generations_cut_short(server, prompts, tmp_path, capsys) -> None:

@@ -46,7 +46,16 @@ from diagnostics.audit.engine_level import (
     pits_of,
 )
 from diagnostics.audit.rule_level import DETECTION_POWER, holm
-from diagnostics.audit.samples import Sample, SamplesError, stopped_short, usable
+from diagnostics.audit.samples import (
+    Repeats,
+    Sample,
+    SamplesError,
+    check_retokenized,
+    distinct_draws,
+    stopped_short,
+    target_tokenize,
+    usable,
+)
 from diagnostics.engine.drafting import fit_vocabulary
 from diagnostics.gof import required_samples
 from diagnostics.models import float_logits
@@ -87,7 +96,7 @@ class ExternalAudit:
     worst_position: int | None = None
     worst_position_p: float | None = None
     impossible: int = 0
-    stopped_short: int = 0  # generations ended by length short of max_tokens without EOS (``samples.stopped_short``)
+    stopped_short: int = 0  # generations ended short of max_tokens without EOS (``samples.stopped_short``)
     distortion: float | None = None
     distortion_low: float | None = None
     distortion_high: float | None = None
@@ -112,7 +121,7 @@ class ExternalAudit:
         if self.impossible:
             found.append(f"{self.impossible} emitted tokens have probability 0 under the declared law")
         if self.stopped_short:
-            found.append(f"{self.stopped_short} generations ended by length with fewer tokens than their max_tokens and no EOS: "
+            found.append(f"{self.stopped_short} generations ended with fewer tokens than their max_tokens and no EOS: "
                          "the engine dropped tokens (or its context ran out); a sampler that follows the declared law "
                          "emits max_tokens tokens unless it samples EOS")
         two_sample = self.design.startswith("two-sample")  # a G test of homogeneity, not a PIT
@@ -261,7 +270,11 @@ def audit_samples(samples: list[Sample], target: Any, *, level: float = 0.01, de
     settings (see the module's docstring). ``eos``: a generation is cut after its first EOS id."""
     _checked(level, detect_tv)
     started = time.perf_counter()
+    tokenize, eos_id = target_tokenize(target)
+    if tokenize is not None:  # a claim of retokenised ids is checked against the text wherever it can be
+        check_retokenized(samples, tokenize, eos_id)
     samples, unknown = usable(samples)
+    samples, repeats = distinct_draws(samples)
     if not samples:
         raise SamplesError("no generation has known ids: every text tokenises to another count than the engine reported")
     stop = set(eos or ())
@@ -302,9 +315,17 @@ def audit_samples(samples: list[Sample], target: Any, *, level: float = 0.01, de
     result = _verdict(core, samples, per_generation, per_prompt, level=level, detect_tv=detect_tv, source=source,
                       design="one-sample: local target", mismatches=len(mismatched), started=started)
     _check_lengths(result, samples, stop)
+    _note_repeats(result, repeats)
     if unknown:
         result.notes.append(unknown_note(unknown))
     return result
+
+
+def _note_repeats(result: ExternalAudit, repeats: Repeats) -> None:
+    """Say what repeated lines do to the tests' independence (``samples.distinct_draws``)."""
+    result.notes.extend(repeats.notes())
+    result.settings["repeated_lines"] = repeats.seeded
+    result.settings["repeated_without_seed"] = repeats.unseeded
 
 
 def vocabulary_size(target: Any) -> int:
@@ -348,7 +369,11 @@ def audit_scored_samples(samples: list[Sample], *, level: float = 0.01, detect_t
 
     _checked(level, detect_tv)
     started = time.perf_counter()
+    tokenize, eos_id = target_tokenize(target) if target is not None else (None, None)
+    if tokenize is not None:
+        check_retokenized(samples, tokenize, eos_id)
     samples, unknown = usable(samples)
+    samples, repeats = distinct_draws(samples)
     if not any(sample.scores is not None for sample in samples):
         raise SamplesError("no generation carries the server's scores: collect with --oracle server (vLLM or SGLang), "
                            "or audit against --target")
@@ -360,6 +385,7 @@ def audit_scored_samples(samples: list[Sample], *, level: float = 0.01, detect_t
     result = _verdict(core, samples, scored.per_generation, scored.per_prompt, level=level, detect_tv=detect_tv,
                       source=source, design="one-sample: server's scores", mismatches=0, started=started)
     _check_lengths(result, samples, set(eos or ()))
+    _note_repeats(result, repeats)
     if scored.missing:
         result.notes.append(f"{scored.missing} token positions left out: their scores cannot settle the declared law "
                             "(missing, placeholder 0.0 log-probs, or a cut beyond the top-k returned)")

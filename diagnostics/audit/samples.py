@@ -49,6 +49,7 @@ MAX_TOKENS = 32_768  # per generation, and per prompt's ids
 MAX_PROMPT_CHARS = 200_000
 MAX_ID = 2**31 - 1
 MAX_TOP = 1024  # returned log-probabilities per position that a file may hold
+IDS_SOURCES = (None, "engine", "retokenized")
 _SURROGATE = re.compile("[\ud800-\udfff]")  # only a lone one survives decoding: a pair is one character
 
 
@@ -203,6 +204,48 @@ def usable(samples: list[Sample]) -> tuple[list[Sample], int]:
     return kept, len(samples) - len(kept)
 
 
+@dataclass
+class Repeats:
+    """Lines that repeat another generation: ``seeded`` share its prompt, settings, seed and ids (one
+    draw written more than once, counted once); ``unseeded`` share its prompt, settings and ids with
+    no seed to tell a copy from a second draw that came out the same (kept)."""
+
+    seeded: int = 0
+    unseeded: int = 0
+
+    def notes(self) -> list[str]:
+        """What the repeats do to the tests' assumption that generations are independent draws."""
+        said = []
+        if self.seeded:
+            said.append(f"{self.seeded} lines repeat another generation exactly (same prompt, settings, seed and ids): one "
+                        "draw written several times is not several independent draws, and counting it again would "
+                        "inflate the evidence and any deviation alike; each draw is counted once")
+        if self.unseeded:
+            said.append(f"{self.unseeded} lines without a seed repeat another's prompt, settings and ids: independent "
+                        "draws repeat as often as the law makes them, copies do not; with no seed they cannot be told "
+                        "apart, so all are kept: give each generation its seed")
+        return said
+
+
+def distinct_draws(samples: list[Sample]) -> tuple[list[Sample], Repeats]:
+    """``samples`` with each seeded draw once (``Repeats``): the tests assume independent draws, and
+    a line repeated with its seed is the same draw. Unseeded repeats are counted, not removed."""
+    seen: set[tuple] = set()
+    kept: list[Sample] = []
+    repeats = Repeats()
+    for sample in samples:
+        ids = tuple(sample.prompt_ids) if sample.prompt_ids is not None else None
+        key = (sample.prompt, ids, sample.settings_key, sample.seed, tuple(sample.token_ids))
+        if key in seen:
+            if sample.seed is not None:
+                repeats.seeded += 1
+                continue
+            repeats.unseeded += 1
+        seen.add(key)
+        kept.append(sample)
+    return kept, repeats
+
+
 def has_lone_surrogate(value: Any) -> bool:
     """Whether any string in ``value`` (keys included) holds a lone UTF-16 surrogate (``"\\ud800"``
     decodes to one): such text cannot be written as UTF-8, so a finished audit could not be printed."""
@@ -232,12 +275,17 @@ def continuation_ids(prompt: str, text: str, tokenize: Callable[[str], list[int]
 
 
 def stopped_short(sample: Sample, eos: set[int]) -> bool:
-    """Whether the engine says ``sample`` ended by length (``finish_reason`` "length") while its
-    exact ids (the engine's, not retokenised text) number fewer than its ``max_tokens`` and hold no
-    EOS: a sampler that follows the declared law emits ``max_tokens`` tokens unless it samples EOS,
-    so such an output has probability 0 (unless the engine's context ran out)."""
-    return (sample.finish_reason == "length" and sample.ids_source != "retokenized" and sample.max_tokens is not None
-            and len(sample.token_ids) < sample.max_tokens and not any(token in eos for token in sample.token_ids))
+    """Whether ``sample`` ended short of its declared ``max_tokens`` with no EOS among its ids: a
+    sampler that follows the declared law emits ``max_tokens`` tokens unless it samples EOS, so
+    such an output has probability 0 (unless the engine's context ran out), whatever its
+    ``finish_reason`` says or lacks. The one exception is what the data cannot show: text
+    retokenised here holds no EOS, so a retokenised line the engine says ended by ``"stop"`` ended
+    by one (the collector puts it back when the engine counted it: ``with_sampled_eos``)."""
+    if sample.max_tokens is None or len(sample.token_ids) >= sample.max_tokens:
+        return False
+    if any(token in eos for token in sample.token_ids):
+        return False
+    return not (sample.ids_source == "retokenized" and sample.finish_reason == "stop")
 
 
 def with_sampled_eos(ids: list[int], finish_reason: Any, completion_tokens: int | None, eos_id: int | None) -> list[int]:
@@ -246,6 +294,33 @@ def with_sampled_eos(ids: list[int], finish_reason: Any, completion_tokens: int 
     if finish_reason == "stop" and eos_id is not None and completion_tokens is not None and completion_tokens == len(ids) + 1:
         return [*ids, eos_id]
     return ids
+
+
+def check_retokenized(samples: list[Sample], tokenize: Callable[[str], list[int]], eos_id: int | None = None) -> int:
+    """Check each line that says its ids were ``"retokenized"`` from its text: they must be the ids
+    its text gives here (``continuation_ids``, an EOS the engine counted put back), the way the
+    collector and ``retokenize`` make them. The claim moves a line out of the length check (a
+    ``"stop"``) or out of the audit (a count that disagrees), so a claim the text contradicts is a
+    ``SamplesError`` naming the line. Returns how many lines were checked."""
+    prompts: dict[str, list[int]] = {}
+    checked = 0
+    for sample in samples:
+        if sample.ids_source != "retokenized" or not sample.token_ids:
+            continue
+        if sample.prompt_ids is not None:
+            prompt_ids = list(sample.prompt_ids)
+        else:
+            if sample.prompt not in prompts:
+                prompts[sample.prompt] = list(tokenize(sample.prompt)) if sample.prompt else []
+            prompt_ids = prompts[sample.prompt]
+        expected = with_sampled_eos(continuation_ids(sample.prompt, sample.text or "", tokenize, prompt_ids),
+                                    sample.finish_reason, sample.completion_tokens, eos_id)
+        if list(sample.token_ids) != expected:
+            raise SamplesError(f"{sample.where or 'a line'}: says its token_ids were retokenized from its text, but its text "
+                               f"tokenises to other ids with the target's tokenizer ({len(expected)} ids, not "
+                               f"{len(sample.token_ids)}): they are not its text's ids; drop ids_source, or the ids")
+        checked += 1
+    return checked
 
 
 def retokenize(samples: list[Sample], tokenize: Callable[[str], list[int]], eos_id: int | None = None) -> int:
@@ -346,6 +421,11 @@ def parse_sample(obj: Any, where: str) -> Sample:
         sample.scores = parse_scores(obj["scores"], len(sample.token_ids), where)
     if not sample.prompt and sample.prompt_ids is None:
         raise SamplesError(f"{where}: the prompt is empty and there are no prompt_ids")
+    if sample.ids_source not in IDS_SOURCES:
+        raise SamplesError(f"{where}: 'ids_source' must be \"engine\", \"retokenized\" or null, got {sample.ids_source!r}")
+    if sample.ids_source == "retokenized" and sample.token_ids and not sample.text:
+        raise SamplesError(f"{where}: says its token_ids were retokenized from its text, but it has no text: its ids are "
+                           "then the engine's; drop ids_source (or give the text they came from)")
     try:
         sample.policy  # noqa: B018 - validates the declared settings
     except PolicyError as error:

@@ -10,8 +10,9 @@ a likelihood-ratio (G) test of homogeneity,
 
     G_c = 2 Σ_side Σ_v n_side,v · ln(n_side,v · N / (n_side · N_v)),
 
-with symbols seen fewer than ``MIN_EXPECTED`` times in all pooled into one cell (chosen from the
-pooled counts, so the choice does not depend on which side saw what). The G statistic of two
+divided by Williams' correction ``q``, with a symbol its own cell only where the *smaller* side
+expects ``MIN_EXPECTED`` of it (``min(n_a, n_b)·N_v/N ≥ 5``), the rest pooled (the cells are chosen
+from the pooled counts, so the choice does not depend on which side saw what). The G statistic of two
 samples of whole sequences decomposes exactly into these conditional terms, so under the null
 ``Σ_c G_c`` is asymptotically χ² with ``Σ_c (K_c − 1)`` degrees of freedom; the sum over the
 contexts at depth ``t`` is the test of output position ``t`` (Holm across positions; its
@@ -49,11 +50,11 @@ from scipy import stats
 from diagnostics.audit.engine_level import PositionTest
 from diagnostics.audit.external import DEFAULT_DETECT_TV, ExternalAudit, unknown_note
 from diagnostics.audit.rule_level import DETECTION_POWER, holm
-from diagnostics.audit.samples import Sample, SamplesError, usable
+from diagnostics.audit.samples import Sample, SamplesError, distinct_draws, usable
 from diagnostics.gof import detectable_tv, required_samples
 
 MIN_CONTEXT = 20  # generations of both sides together reaching a context before it is tested
-MIN_EXPECTED = 5.0  # a symbol seen fewer times (both sides) joins the pooled cell
+MIN_EXPECTED = 5.0  # a symbol the smaller side expects fewer times of joins the pooled cell
 END = -1  # the "generation ended here" symbol
 
 
@@ -123,24 +124,40 @@ class Censoring:
 
 
 def _g_test(depth: int, count_a: Counter, count_b: Counter) -> ContextTest | None:
-    """The G test of homogeneity of one context's next symbols (rare symbols pooled), or ``None``."""
+    """The G test of homogeneity of one context's next symbols, or ``None`` when it has no two cells.
+
+    A cell's expected count on side ``s`` is ``n_s·N_v/N``; a symbol is a cell of its own when that
+    is at least ``MIN_EXPECTED`` on the *smaller* side, the others are pooled, and a pooled cell
+    below it joins the smallest kept cell. (Pooling by the total count ``N_v`` alone left cells
+    expecting 0.3 on the smaller side when the sides were 100 against 1,600 generations, and the χ²
+    approximation then rejected a true null at p < 0.05 in 27% of samples.) The cells depend only on
+    the pooled counts and the sides' sizes, never on which side saw what."""
     n_a, n_b = sum(count_a.values()), sum(count_b.values())
+    total = n_a + n_b
     both = count_a + count_b
-    big = [symbol for symbol, total in both.items() if total >= MIN_EXPECTED]
-    cells = [(count_a[symbol], count_b[symbol]) for symbol in big]
-    rest = (n_a - sum(a for a, _ in cells), n_b - sum(b for _, b in cells))
+    smaller = min(n_a, n_b)
+    big = sorted((symbol for symbol, column in both.items() if smaller * column >= MIN_EXPECTED * total),
+                 key=lambda symbol: (both[symbol], str(symbol)))
+    cells = [[count_a[symbol], count_b[symbol]] for symbol in big]
+    rest = [n_a - sum(a for a, _ in cells), n_b - sum(b for _, b in cells)]
     if rest[0] + rest[1] > 0:
-        cells.append(rest)
+        if smaller * (rest[0] + rest[1]) >= MIN_EXPECTED * total or not cells:
+            cells.append(rest)
+        else:  # too few to stand alone: merged into the smallest kept cell
+            cells[0] = [cells[0][0] + rest[0], cells[0][1] + rest[1]]
     if len(cells) < 2:
         return None
-    total = n_a + n_b
     statistic = 0.0
     for a, b in cells:
         column = a + b
         for observed, row in ((a, n_a), (b, n_b)):
             if observed:
                 statistic += 2.0 * observed * math.log(observed * total / (row * column))
-    return ContextTest(depth, statistic, len(cells) - 1, n_a * n_b / total, total)
+    # Williams' correction of a 2×K table, q = 1 + (N·Σ 1/n_s − 1)(N·Σ 1/N_v − 1) / (6N(K − 1)): the
+    # G statistic's mean exceeds its χ² degrees of freedom by that factor at small counts.
+    k = len(cells)
+    q = 1.0 + (total * (1 / n_a + 1 / n_b) - 1) * (total * sum(1 / (a + b) for a, b in cells) - 1) / (6 * total * (k - 1))
+    return ContextTest(depth, statistic / q, k - 1, n_a * n_b / total, total)
 
 
 def _context_tests(side_a: list[tuple[int, ...]], side_b: list[tuple[int, ...]]) -> list[ContextTest]:
@@ -186,6 +203,8 @@ def two_sample_audit(speculative: list[Sample], baseline: list[Sample], *, level
     started = time.perf_counter()
     speculative, unknown_a = usable(speculative)
     baseline, unknown_b = usable(baseline)
+    speculative, repeats_a = distinct_draws(speculative)
+    baseline, repeats_b = distinct_draws(baseline)
     groups_a: dict[tuple, list[Sample]] = defaultdict(list)
     groups_b: dict[tuple, list[Sample]] = defaultdict(list)
     for sample in speculative:
@@ -253,6 +272,8 @@ def two_sample_audit(speculative: list[Sample], baseline: list[Sample], *, level
     if over_a or over_b:
         notes.append(f"{over_a + over_b} generations ({over_a} {name_a}, {over_b} {name_b}) are longer than their declared "
                      "max_tokens: compared up to it (an engine that overshoots by whole rounds is not another law)")
+    for repeats, name in ((repeats_a, name_a), (repeats_b, name_b)):
+        notes.extend(f"{note} ({name})" for note in repeats.notes())
     if unknown_a or unknown_b:
         notes.append(unknown_note(unknown_a + unknown_b) + f" ({unknown_a} {name_a}, {unknown_b} {name_b})")
     engines = sorted({sample.engine for sample in speculative if sample.engine})
@@ -265,7 +286,9 @@ def two_sample_audit(speculative: list[Sample], baseline: list[Sample], *, level
         time_s=time.perf_counter() - started, notes=notes,
         settings={"baseline_generations": used_b, "contexts": len(tests), "dof": dof,
                   "longer_than_max_tokens": over_a + over_b, "censored_lines": sum(side.lines for side in censoring),
-                  "censored_tokens": sum(side.cut for side in censoring), "tokens_held": sum(side.held for side in censoring)},
+                  "censored_tokens": sum(side.cut for side in censoring), "tokens_held": sum(side.held for side in censoring),
+                  "repeated_lines": repeats_a.seeded + repeats_b.seeded,
+                  "repeated_without_seed": repeats_a.unseeded + repeats_b.unseeded},
     )
 
 
