@@ -263,6 +263,12 @@ SYSCALL_PROBES = {
     "unshare": "{nr[unshare]}, 0",  # nothing to unshare: succeeds
     "setns": "{nr[setns]}, -1, 0",  # EBADF
     "memfd_secret": "{nr[memfd_secret]}, 0",  # a descriptor, or ENOSYS where secret memory is off
+    "socket": "{nr[socket]}, 2, 1, 0",  # AF_INET, SOCK_STREAM: a socket (the sandbox's own network namespace)
+    "socketpair": "{nr[socketpair]}, 1, 1, 0, None",  # AF_UNIX, NULL result: EFAULT
+    "mq_open": "{nr[mq_open]}, None, 0, 0, None",  # NULL name: EFAULT
+    "io_setup": "{nr[io_setup]}, 1, None",  # NULL context: EFAULT
+    "statmount": "{nr[statmount]}, None, None, 0, 0",  # NULL request: EFAULT, or ENOSYS before Linux 6.8
+    "listmount": "{nr[listmount]}, None, None, 0, 0",  # the same
 }
 if platform.machine() == "x86_64":
     SYSCALL_PROBES["x32_getpid"] = "0x40000000 | 39"  # getpid by the x32 ABI: ENOSYS, or a pid where x32 is on

@@ -3,32 +3,46 @@
 bubblewrap (``bwrap``, the sandbox Flatpak uses) builds the child an empty world of its own:
 
 * namespaces: a new user namespace (the child is uid/gid 65534 there, with no capability, and
-  may not create further user namespaces), PID (it sees only its own processes, under a new
-  ``/proc``), network (loopback only, so no route anywhere), IPC, UTS, cgroup and mount;
-* files: bwrap's own root, read-only; the interpreter's installation and the C libraries it
-  loads, bound read-only; the program, a read-only file; a private ``/tmp`` tmpfs of
-  ``TMPFS_MB``, the only writable place. No ``/etc``, no home, no project, no database;
-* an empty environment (``PATH``, ``HOME``, ``LANG`` only) and ``python -I -S``;
+  may not create further user namespaces), PID (only its own processes), network (loopback
+  only, so no route anywhere; and it may not make sockets, below), IPC, UTS, cgroup and mount;
+* files: bwrap's own root, read-only, holding only ``/dev``, ``/tmp``, ``/sandbox``, ``/usr`` (and
+  ``/lib*``); the interpreter's installation bound read-only at ``INTERPRETER_HOME``
+  (``/sandbox/python``, whatever its real folder), the C libraries it loads (``/usr/lib``,
+  ``/usr/lib64``, ``/lib*``) where they are; the program, a read-only file; a private ``/tmp`` tmpfs of
+  ``TMPFS_MB``, the only writable place. No ``/etc``, no home, no project, no database, and no
+  ``/proc``: its ``mountinfo`` names each bound folder's real path (the kernel prints a bind
+  mount's root as its path within its filesystem, which no binding changes), as do statmount and
+  listmount, denied below. So the program's mount points, paths, ``sys.path`` and tracebacks name
+  no folder of this machine; what the interpreter's own files hold (pyenv's RUNPATH in the
+  executable, the build prefix in ``sysconfig``) they still hold;
+* an empty environment (``PATH``, ``HOME``, ``LANG``, and ``LD_LIBRARY_PATH`` where a
+  ``libpython`` beside the standard library is linked by its real path) and ``python -I -S``;
 * limits set inside, before the program starts (so they count only the sandbox's processes):
   CPU seconds, address space, file size, open files, processes, no core file;
 * a seccomp filter (classic BPF built here, handed to bwrap by ``--seccomp``): the calls in
   ``DENIED_SYSCALLS`` fail with EPERM: memfds and SysV shared memory, messages and semaphores
-  (memory that is not address space: memfds held 960 MB against the 512 MB limit), io_uring,
-  bpf, perf_event_open, userfaultfd, ptrace and process_vm_readv/writev, pidfd_getfd,
-  process_madvise, the keyring, kernel modules and kexec, mounts, unshare/setns and
-  open_by_handle_at. A call through another architecture's table (``int 0x80``) kills the
-  process; x86_64's x32 numbers fail. Without a table for this machine nothing runs. So the
-  sandbox's memory is bounded by address space (``MEMORY_LIMIT_MB`` per process, at most
-  ``PROCESS_LIMIT`` processes) plus its ``/tmp`` (``TMPFS_MB``; ``/dev`` and so ``/dev/shm``
-  are read-only); kernel objects (pipes, sockets, the inodes of many empty files) are bounded
-  only by the open-file limit, the kernel's per-user limits and the wall clock;
+  (memory that is not address space: memfds held 960 MB against the 512 MB limit), sockets
+  (socket, socketpair: their buffers are kernel memory too, which loopback TCP pairs sending
+  unread took to the host's 2,250 MB TCP limit; so asyncio's event loop, which makes a
+  socketpair for itself, does not start), POSIX message queues, io_uring and native AIO
+  (io_setup, io_submit: contexts count against the host-wide fs.aio-max-nr), bpf,
+  perf_event_open, userfaultfd, ptrace and process_vm_readv/writev, pidfd_getfd,
+  process_madvise, the keyring, kernel modules and kexec, mounts and the mount queries
+  (statmount, listmount), unshare/setns and open_by_handle_at. A call through another
+  architecture's table (``int 0x80``) kills the process; x86_64's x32 numbers fail. Without a
+  table for this machine nothing runs. So the sandbox's memory is bounded by address space
+  (``MEMORY_LIMIT_MB`` per process, at most ``PROCESS_LIMIT`` processes) plus its ``/tmp``
+  (``TMPFS_MB``; ``/dev`` and so ``/dev/shm`` are read-only); the kernel objects left (pipes,
+  eventfds, the inodes of many empty files) are bounded only by the open-file limit, the
+  kernel's per-user limits (pipe buffers: pipe-user-pages-soft) and the wall clock;
 * ``--die-with-parent`` and ``--new-session``; on the wall-clock limit the sandbox's outer process is
   killed, which kills its PID namespace, so nothing the program forked survives the check,
   pass or fail (also when the program exits first: the namespace ends with it).
 
 When this process is root, bwrap itself runs as the unprivileged uid 65534 (``nobody``): a small
-helper first binds the interpreter where that uid can reach it, in a private mount namespace,
-then drops to it and starts bwrap. The parent reads at most ``OUTPUT_LIMIT`` bytes of the child's
+helper first binds the interpreter where that uid can reach it (a staging folder under the
+temporary folder, which the sandbox never sees), in a private mount namespace, then drops to it
+and starts bwrap. The parent reads at most ``OUTPUT_LIMIT`` bytes of the child's
 error output (the rest is drained and dropped; standard output is discarded).
 
 Where bubblewrap is missing or cannot create its namespaces, nothing runs: ``SandboxUnavailable``
@@ -61,6 +75,9 @@ TMPFS_MB = 64  # the whole writable /tmp
 OPEN_FILES = 64
 OUTPUT_LIMIT = 8192  # bytes of the child's error output kept (its tail: the last line says why)
 PROGRAM = "/sandbox/program.py"
+# Where the sandbox sees the interpreter's installation, whatever its real folder: a fixed path, so
+# the program's mount table, paths and tracebacks say nothing of this machine's layout.
+INTERPRETER_HOME = "/sandbox/python"
 HOW_TO_ENABLE = ("install it (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install bubblewrap) and allow "
                  "unprivileged user namespaces (sysctl user.max_user_namespaces > 0; on Debian "
                  "kernel.unprivileged_userns_clone=1; on Ubuntu 24.04 an AppArmor profile that lets bwrap use them)")
@@ -72,24 +89,33 @@ DENIED_SYSCALLS: tuple[str, ...] = (
     # space: a memfd held 960 MB against a 512 MB RLIMIT_AS)
     "memfd_create", "memfd_secret", "shmget", "shmat", "shmctl", "shmdt", "msgget", "msgsnd", "msgrcv", "msgctl",
     "semget", "semop", "semtimedop", "semctl", "userfaultfd",
-    # kernel engines a checker never needs, and the usual ways into kernel bugs
-    "io_uring_setup", "io_uring_enter", "io_uring_register", "bpf", "perf_event_open",
+    # sockets: their buffers are kernel memory too (seven processes' loopback TCP pairs, sending
+    # unread, held the host's TCP memory at its 2,250 MB hard limit), and a checker needs none. Every
+    # socket starts from one of these two (no socketcall on x86_64/aarch64; io_uring is denied too).
+    "socket", "socketpair",
+    # POSIX message queues (kernel memory, bounded only by RLIMIT_MSGQUEUE; Python never uses them)
+    "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify", "mq_getsetattr",
+    # kernel engines a checker never needs, and the usual ways into kernel bugs; native AIO contexts
+    # also count against the host's system-wide fs.aio-max-nr, which one program could use up
+    "io_uring_setup", "io_uring_enter", "io_uring_register", "io_setup", "io_submit", "bpf", "perf_event_open",
     # other processes' memory
     "ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "process_madvise",
     # the kernel keyring (not namespaced)
     "keyctl", "add_key", "request_key",
     # kernel code
     "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module",
-    # mounts and namespaces (bwrap has built the sandbox's; Python never calls these itself)
+    # mounts and namespaces (bwrap has built the sandbox's; Python never calls these itself);
+    # statmount/listmount (Linux 6.8) would name each bound folder's host path, as mountinfo does
     "mount", "umount2", "pivot_root", "chroot", "open_tree", "move_mount", "fsopen", "fsconfig", "fsmount", "fspick",
-    "mount_setattr", "unshare", "setns",
+    "mount_setattr", "unshare", "setns", "statmount", "listmount",
     # files by handle, around the path checks
     "open_by_handle_at",
 )
 
 # Their numbers, per architecture: (AUDIT_ARCH_* of <linux/audit.h>, {name: number}). Checked against
 # the kernel headers (x86_64: asm/unistd_64.h; aarch64: asm-generic/unistd.h, which it uses), and
-# by a test wherever those headers are installed.
+# by a test wherever those headers are installed; calls newer than the headers (statmount and
+# listmount, 457 and 458 on both since Linux 6.8) against the kernel's syscall tables.
 SYSCALL_TABLES: dict[str, tuple[int, dict[str, int]]] = {
     "x86_64": (0xC000003E, {
         "memfd_create": 319, "memfd_secret": 447, "shmget": 29, "shmat": 30, "shmctl": 31, "shmdt": 67, "msgget": 68,
@@ -100,7 +126,9 @@ SYSCALL_TABLES: dict[str, tuple[int, dict[str, int]]] = {
         "kexec_file_load": 320, "init_module": 175, "finit_module": 313, "delete_module": 176, "mount": 165,
         "umount2": 166, "pivot_root": 155, "chroot": 161, "open_tree": 428, "move_mount": 429, "fsopen": 430,
         "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442, "unshare": 272, "setns": 308,
-        "open_by_handle_at": 304}),
+        "open_by_handle_at": 304, "socket": 41, "socketpair": 53, "mq_open": 240, "mq_unlink": 241,
+        "mq_timedsend": 242, "mq_timedreceive": 243, "mq_notify": 244, "mq_getsetattr": 245, "io_setup": 206,
+        "io_submit": 209, "statmount": 457, "listmount": 458}),
     "aarch64": (0xC00000B7, {
         "memfd_create": 279, "memfd_secret": 447, "shmget": 194, "shmat": 196, "shmctl": 195, "shmdt": 197,
         "msgget": 186, "msgsnd": 189, "msgrcv": 188, "msgctl": 187, "semget": 190, "semop": 193, "semtimedop": 192,
@@ -110,7 +138,9 @@ SYSCALL_TABLES: dict[str, tuple[int, dict[str, int]]] = {
         "kexec_load": 104, "kexec_file_load": 294, "init_module": 105, "finit_module": 273, "delete_module": 106,
         "mount": 40, "umount2": 39, "pivot_root": 41, "chroot": 51, "open_tree": 428, "move_mount": 429,
         "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442, "unshare": 97,
-        "setns": 268, "open_by_handle_at": 265}),
+        "setns": 268, "open_by_handle_at": 265, "socket": 198, "socketpair": 199, "mq_open": 180, "mq_unlink": 181,
+        "mq_timedsend": 182, "mq_timedreceive": 183, "mq_notify": 184, "mq_getsetattr": 185, "io_setup": 0,
+        "io_submit": 2, "statmount": 457, "listmount": 458}),
 }
 
 # Classic BPF (<linux/filter.h>, <linux/seccomp.h>): the instructions and return values used.
@@ -216,29 +246,44 @@ def _interpreter() -> tuple[Path, Path]:
     return executable, prefix
 
 
+def _interpreter_in_sandbox(executable: Path, prefix: Path) -> tuple[str, list[str]]:
+    """The interpreter's path inside the sandbox (below ``INTERPRETER_HOME``, where its folder is
+    bound) and what its environment needs for that: a ``libpython`` beside the standard library is
+    found by the absolute path built into the executable (e.g. pyenv's RUNPATH), which the sandbox
+    does not have, so ``LD_LIBRARY_PATH`` names the folder where the sandbox has it."""
+    inside = f"{INTERPRETER_HOME}/{executable.relative_to(prefix).as_posix()}"
+    if any((prefix / "lib").glob("libpython*.so*")):
+        return inside, ["--setenv", "LD_LIBRARY_PATH", f"{INTERPRETER_HOME}/lib"]
+    return inside, []
+
+
 def _sandbox_argv(bwrap: str, prefix_source: Path, program_fd: int, filter_fd: int, time_limit_s: float,
                   memory_mb: int) -> list[str]:
     """bwrap's command line: namespaces, identity, environment, the seccomp filter (read from
     ``filter_fd``), mounts, then the launcher that sets the limits and runs the program.
     ``prefix_source``: where bwrap finds the interpreter's folder (the folder itself, or the
-    helper's binding of it when bwrap runs as ``nobody``)."""
+    helper's binding of it when bwrap runs as ``nobody``); the sandbox sees it at ``INTERPRETER_HOME``."""
     executable, prefix = _interpreter()
+    interpreter, library_path = _interpreter_in_sandbox(executable, prefix)
     argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
             "--die-with-parent", "--new-session", "--seccomp", str(filter_fd), "--clearenv",
-            "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8"]
+            "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8",
+            *library_path]
     for name in ("/usr/lib", "/usr/lib64", "/lib", "/lib64", "/lib32"):  # the C libraries it loads
         path = Path(name)
         if path.is_symlink():  # a merged /usr: /lib is a link into /usr/lib
             argv += ["--symlink", os.readlink(name), name]
         elif path.is_dir():
             argv += ["--ro-bind", name, name]
-    argv += ["--ro-bind", str(prefix_source), str(prefix),
-             "--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
+    # No /proc: its mountinfo names each bound folder's path on this machine (the interpreter's real
+    # installation), and a checker needs nothing there (its own PID namespace stays: no host process is reachable).
+    argv += ["--ro-bind", str(prefix_source), INTERPRETER_HOME,
+             "--dev", "/dev", "--remount-ro", "/dev",
              "--size", str(TMPFS_MB * 2**20), "--tmpfs", "/tmp", "--chdir", "/tmp",
              "--ro-bind-data", str(program_fd), PROGRAM,
              "--remount-ro", "/"]
     limits = [int(time_limit_s) + 1, memory_mb * 2**20, FILE_LIMIT_MB * 2**20, OPEN_FILES, PROCESS_LIMIT, 0]
-    return argv + [str(executable), "-I", "-S", "-c", _LAUNCHER, *map(str, limits), PROGRAM]
+    return argv + [interpreter, "-I", "-S", "-c", _LAUNCHER, *map(str, limits), PROGRAM]
 
 
 def _command(program_fd: int, filter_fd: int, staging: Path, time_limit_s: float, memory_mb: int) -> list[str]:
