@@ -9,6 +9,12 @@ A report is made to be shared: nothing of the sender's machine goes in. Absolute
 folder, a samples file, the database) are cut to their last part, URLs to their scheme, and the
 reproduce lines name the database by its base name (``SHARED_DB_NAME`` where that name would
 tell the user or host name).
+
+A report is built in memory bounded whatever a run's length (a shared file may hold a run of 10⁶
+positions): a run of up to ``SHOWN_POSITIONS`` positions is shown whole; a longer one shows its
+first ``SHOWN_POSITIONS`` in the token strip and the tracks, and says so in one line with the
+figures of all its positions, computed in the database (counts by kind, blocks, log-likelihood,
+distortion); its first divergence and the step there are found in the database too.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ from __future__ import annotations
 import functools
 import html
 import shlex
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -36,6 +44,10 @@ from diagnostics.shareable import machine_free, shared_db_name
 from diagnostics.store import Store, StoreError, complete_groups
 from diagnostics.untrusted import visible
 from diagnostics.why import chain_divergence, run_decision, shape_label
+
+# Runs up to this many positions are reported whole (as they always were); a longer run shows this
+# many (the token strip and the tracks were made for about 2,000) and summarises the rest.
+SHOWN_POSITIONS = 2_000
 
 SUMMARY_FIELDS = [
     ("acceptance rate", "acceptance_rate", "accepted drafts / drafted tokens (tree: / positions decided at a node with children)"),
@@ -75,11 +87,54 @@ def reproduce_command(run_id: str, db: str | Path) -> str:
     return f"python -m diagnostics run {option('--replay', str(run_id))} {option('--db', str(db))}"
 
 
+@dataclass(frozen=True)
+class ShownPositions:
+    """A run's positions as a report holds them: ``frame`` is every position (``summary`` ``None``)
+    or, for a run longer than ``SHOWN_POSITIONS``, its first ``SHOWN_POSITIONS``, with ``summary``
+    the figures of all of them (``Store.positions_summary``)."""
+
+    frame: pd.DataFrame
+    summary: dict[str, Any] | None = None
+
+    @property
+    def whole(self) -> bool:
+        """Whether ``frame`` holds every position of the run."""
+        return self.summary is None
+
+
+def shown_positions(store: Store, run_id: str, limit: int | None = None) -> ShownPositions:
+    """A run's positions for the report: all of them up to ``limit`` (default ``SHOWN_POSITIONS``),
+    else the first ``limit`` and the figures of all (in the database: memory bounded whatever the
+    run's length)."""
+    limit = SHOWN_POSITIONS if limit is None else limit
+    if store.position_count(run_id) <= limit:
+        return ShownPositions(store.positions(run_id))
+    return ShownPositions(store.positions_window(run_id, 0, limit), store.positions_summary(run_id))
+
+
+def summarised_line(shown: ShownPositions, divergence: int | None) -> str:
+    """The one line that says what a long run's section shows and summarises (HTML-escaped); ``""``
+    for a run shown whole."""
+    if shown.summary is None:
+        return ""
+    figures, count = shown.summary, len(shown.frame)
+    total = int(figures["positions"])
+    where = ""
+    if divergence is not None and divergence >= count:
+        where = f" The first divergence, position {divergence:,}, lies beyond the positions shown: its step is charted below."
+    return (f'<p class="meta summarised">Positions 0 … {count - 1:,} shown of {total:,}; the other {total - count:,} are summarised. '
+            f"Over all {total:,} positions: {int(figures['accepted']):,} accepted drafts, {int(figures['rejected']):,} rejected → "
+            f"fallback, {int(figures['bonus']):,} bonus tokens in {int(figures['blocks']):,} blocks; mean TV(P, p) "
+            f"{_number(figures['mean_tv_target'])} (max {_number(figures['max_tv_target'])}), mean TV(P, baseline) "
+            f"{_number(figures['mean_tv_baseline'])}; log-likelihood {_number(figures['log_likelihood'])}.{where}</p>")
+
+
 def _references(store: Store, runs: list[dict[str, Any]]) -> dict[tuple[str, int], str | None]:
     """Each (group, seed)'s reference run id, ``None`` where the file lacks it (``seed_references``)."""
     found: dict[tuple[str, int], str | None] = {}
     for group_id in dict.fromkeys(run["group_id"] for run in runs if run.get("group_id") is not None):
-        for seed, run_id in seed_references(store.group(group_id)).items():
+        # group_members: the columns that find the references, not the members' token lists.
+        for seed, run_id in seed_references(store.group_members(group_id)).items():
             found[(group_id, seed)] = run_id
     return found
 
@@ -176,15 +231,19 @@ def sweep_section(store: Store, sweep_id: str, index: int, cost: float | None = 
 </section>"""
 
 
-def _divergence_position(run: dict[str, Any], reference: str | None, positions: Any,
-                         by_id: dict[str, tuple[dict[str, Any], Any]]) -> int | None:
+def _divergence_position(store: Store, run: dict[str, Any], reference: str | None, shown: ShownPositions,
+                         by_id: dict[str, tuple[dict[str, Any], ShownPositions]]) -> int | None:
     """The run's first divergence from its own seed's reference: recomputed from both runs' stored
-    positions when the report holds the reference, else the stored position (measured, when it was
-    run, against a reference this file lacks); ``None`` for the reference itself and ungrouped runs."""
+    positions when the report holds the reference (in the database when either run is longer than
+    the report shows), else the stored position (measured, when it was run, against a reference
+    this file lacks); ``None`` for the reference itself and ungrouped runs."""
     if run.get("group_id") is None or reference == run["run_id"]:
         return None
     if reference in by_id:
-        return positions_divergence(by_id[reference][1], positions)
+        reference_shown = by_id[reference][1]
+        if reference_shown.whole and shown.whole:
+            return positions_divergence(reference_shown.frame, shown.frame)
+        return store.first_divergence(reference, run["run_id"])
     stored = run.get("divergence_position")
     return None if pd.isna(stored) else int(stored)
 
@@ -194,18 +253,45 @@ def _stored_decoder(run: dict[str, Any], *frames: Any):
     top-k neighbour), the embedded default's tokenizer when the run's target is that model (our own
     file: a name in a shared database never makes a report load anything else), else ``id N``.
     A report loads no model weights."""
-    texts: dict[int, str] = {}
+    texts: dict[int, str | None] = {}
     for frame in frames:
         for token_column, text_column in (("token", "token_text"), ("draft_token", "draft_text")):
             if token_column in frame and text_column in frame:
                 for token, text in zip(frame[token_column], frame[text_column]):
                     if isinstance(text, str) and not pd.isna(token):  # a bonus has no draft: NA
                         texts.setdefault(int(token), text)
+    return _decoder(run, texts)
+
+
+def _store_decoder(store: Store, run: dict[str, Any], run_ids: list[str],
+                   records: list[dict[str, Any]]) -> Callable[[Any], str]:
+    """``_stored_decoder`` of runs too long to hold: the texts of the ids at ``records`` (emitted,
+    drafted, the top-k of ``p`` and ``q``) looked up in the database at once, any other id when it
+    is asked for (each lookup bounded: one id, a scan in the database)."""
+    wanted: set[int] = set()
+    for record in records:
+        for name in ("token", "draft_token"):
+            if record.get(name) is not None and not pd.isna(record[name]):
+                wanted.add(int(record[name]))
+        for name in ("p_top_ids", "q_top_ids"):
+            values = record.get(name)
+            wanted.update(int(token) for token in ([] if values is None else values))
+    texts: dict[int, str | None] = dict.fromkeys(wanted)
+    texts.update(store.token_texts(run_ids, sorted(wanted)))
+    return _decoder(run, texts, lambda token: store.token_texts(run_ids, [token]).get(token))
+
+
+def _decoder(run: dict[str, Any], texts: dict[int, str | None],
+             lookup: Callable[[int], str | None] | None = None) -> Callable[[Any], str]:
+    """Token id → ``texts[id]``; an id not in ``texts`` is asked of ``lookup`` (remembered); one with
+    no stored text (``None``): the embedded tokenizer for a run of the embedded default, else ``id N``."""
     tokenizer = _embedded_tokenizer() if target_spec(run) == DEFAULT_TARGET else None
 
     def decode(token: Any) -> str:
         token = int(token)
-        if token in texts:
+        if token not in texts and lookup is not None:
+            texts[token] = lookup(token)
+        if texts.get(token) is not None:
             return texts[token]
         if tokenizer is not None and 0 <= token < len(tokenizer):
             return tokenizer.decode([token])
@@ -237,15 +323,22 @@ def _record_at(positions: Any, position: int) -> dict[str, Any] | None:
 
 
 def why_section(store: Store, reference_run: dict[str, Any], reference_positions: Any, run: dict[str, Any], positions: Any,
-                position: int, index: int) -> str:
+                position: int, index: int, whole: bool = True) -> str:
     """Why ``run`` leaves its seed's reference at ``position``, as the Compare page tells it: the one-line
     reason and the chart (``divergence_figure``; with a tree run, each run's node view), drawn
-    from the stored top-k of ``p`` and ``q`` (a report loads no model)."""
+    from the stored top-k of ``p`` and ``q`` (a report loads no model). ``whole``: the two frames
+    hold every position of their runs; else they are the first ones shown, and the records at
+    ``position`` and the token texts are read from the database."""
     heading = f"<h3>Why it leaves the reference {_text(reference_run['rule'])} at position {int(position)}</h3>"
-    ref_record, record = _record_at(reference_positions, position), _record_at(positions, position)
+    if whole:
+        ref_record, record = _record_at(reference_positions, position), _record_at(positions, position)
+    else:
+        ref_record, record = (_record_at(store.positions_window(side["run_id"], position, 1), position)
+                              for side in (reference_run, run))
     if ref_record is None or record is None:
         return heading + "<p>One run ended there.</p>"
-    decode = _stored_decoder(reference_run, reference_positions, positions)
+    decode = (_stored_decoder(reference_run, reference_positions, positions) if whole
+              else _store_decoder(store, reference_run, [reference_run["run_id"], run["run_id"]], [ref_record, record]))
     try:
         if reference_run.get("tree") or run.get("tree"):
             return heading + "".join(_tree_or_chain_step(store, side, side_record, decode, f"why-{index}-{which}")
@@ -290,12 +383,17 @@ def build_report(store: Store, run_ids: list[str], audit_ids: list[str] | None =
     db_name = shared_db_name(store.path)
     runs = []
     for run_id in run_ids:
-        run = store.get_run(run_id)
+        # run_header: the run without its token list and output text (the report shows neither;
+        # a long run's would be tens of MB); its positions as shown (bounded whatever its length).
+        run = store.run_header(run_id)
         if run is None:
             raise StoreError(f"there is no run {run_id!r} in {store.path}")
-        positions = store.positions(run_id)
-        run["log_likelihood"] = log_likelihood(positions["p_token"]) if len(positions) else None
-        runs.append((run, positions))
+        shown = shown_positions(store, run_id)
+        if shown.whole:
+            run["log_likelihood"] = log_likelihood(shown.frame["p_token"]) if len(shown.frame) else None
+        else:  # over every position, in the database
+            run["log_likelihood"] = shown.summary["log_likelihood"]
+        runs.append((run, shown))
     linked = store.list_audits(run_ids)["audit_id"].tolist() if run_ids else []
     audits = []
     for audit_id in dict.fromkeys(linked + audit_ids):
@@ -304,26 +402,32 @@ def build_report(store: Store, run_ids: list[str], audit_ids: list[str] | None =
             raise StoreError(f"there is no audit {audit_id!r} in {store.path}")
         audits.append(audit)
     references = _references(store, [run for run, _ in runs])
-    by_id = {run["run_id"]: (run, positions) for run, positions in runs}
+    by_id = {run["run_id"]: (run, shown) for run, shown in runs}
     places: dict[str, tuple[str, str]] = {}
     sections = []
-    for index, (run, positions) in enumerate(runs):
-        records = positions.to_dict("records")
+    for index, (run, shown) in enumerate(runs):
+        positions = shown.frame
+        records = positions.to_dict("records")  # at most SHOWN_POSITIONS rows
         reference = _reference_of(run, references)
-        divergence = _divergence_position(run, reference, positions, by_id)
+        divergence = _divergence_position(store, run, reference, shown, by_id)
         places[run["run_id"]] = _divergence(run, reference, divergence)
         place = places[run["run_id"]][1]
-        figure = tracks_figure(positions, divergence=divergence) if len(positions) else None
+        # A divergence past the positions shown is not marked: its line would stretch the x axis.
+        marked = divergence if shown.whole or (divergence is not None and divergence < len(positions)) else None
+        figure = tracks_figure(positions, divergence=marked) if len(positions) else None
         figure_html = _figure_html(figure, f"tracks-{index}") if figure else "<p>No positions.</p>"
-        why = (why_section(store, *by_id[reference], run, positions, divergence, index)
-               if divergence is not None and reference in by_id else "")
+        why = ""
+        if divergence is not None and reference in by_id:
+            reference_run, reference_shown = by_id[reference]
+            why = why_section(store, reference_run, reference_shown.frame, run, positions, divergence, index,
+                              whole=reference_shown.whole and shown.whole)
         sections.append(f"""
 <section class="run">
   <h2>{_text(run['rule'])} <small>run {_text(run['run_id'])} · {_text(run['status'])}</small></h2>
   <p class="meta">target {_text(run['target'])} · draft {_text(run['draft'])} · γ = {_number(run['gamma'])} · seed {_number(run['seed'])} ·
-     max new tokens {_number(run.get('max_new_tokens'))} · policy {_text(policy_words(run['policy']))} · ran on {_text(run.get('device') or 'unknown')}{' · ' + place if place else ''}</p>
+     max new tokens {_number(run.get('max_new_tokens'))} · policy {_text(policy_words(run['policy']))} · ran on {_text(run.get('device') or 'unknown')}{' · ' + place if place else ''}</p>{summarised_line(shown, divergence)}
   <h3>Output</h3>
-  {token_strip_html(records, divergence=divergence)}
+  {token_strip_html(records, divergence=marked)}
   {why}
   <h3>Per-position tracks</h3>
   {figure_html}

@@ -13,7 +13,7 @@ def command_report(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from diagnostics.evaluation.settings import checked_cost
-    from diagnostics.report import build_report
+    from diagnostics.report import SHOWN_POSITIONS, build_report
     from diagnostics.store import Store, complete_groups
     from diagnostics.untrusted import visible
 
@@ -40,6 +40,11 @@ def command_report(args: argparse.Namespace) -> int:
         raise ValueError(f"cannot write {output}: {error.strerror or error}") from None
     for note in completion.notes("reported"):
         print(f"note: {visible(note, limit=500)}", file=sys.stderr)
+    for run_id in completion.run_ids:  # what build_report cut, said where the user sees it too
+        total = store.position_count(run_id)
+        if total > SHOWN_POSITIONS:
+            print(f"note: run {visible(run_id, limit=200)} has {total:,} positions: the report shows the first "
+                  f"{SHOWN_POSITIONS:,} and summarises the rest (its figures are over all {total:,})", file=sys.stderr)
     print(json_line({"report": str(output.resolve()), "runs": completion.run_ids, "audits": args.audit,
                       "added_for_groups": completion.added, "bytes": len(text.encode())}))
     return 0

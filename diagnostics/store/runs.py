@@ -202,5 +202,93 @@ class RunTables:
         with self.connect() as con:
             return con.execute("SELECT * FROM runs WHERE group_id = ? ORDER BY created", [group_id]).df()
 
+    # -- bounded reads of long runs (the report): nothing here grows with a run's length ---------
+
+    def run_header(self, run_id: str) -> dict[str, Any] | None:
+        """One run as a dict without its token list and output text (a 10⁶-token run's would be tens of
+        MB): every other column; ``n_tokens`` counted from the stored positions where the writer
+        has not set it."""
+        row = self._one("SELECT * EXCLUDE (tokens, output_text) FROM runs WHERE run_id = ?", [run_id])
+        if row is not None and row["n_tokens"] is None:
+            row["n_tokens"] = self.position_count(run_id)
+        return row
+
+    def group_members(self, group_id: str) -> pd.DataFrame:
+        """``group``'s runs (same order) with only the columns that find each seed's reference
+        (``comparison.seed_references``): no token lists."""
+        with self.connect() as con:
+            return con.execute("SELECT run_id, seed, divergence_position, created FROM runs WHERE group_id = ? "
+                               "ORDER BY created", [group_id]).df()
+
+    def position_count(self, run_id: str) -> int:
+        """How many positions a run stored."""
+        with self.connect() as con:
+            return int(con.execute("SELECT count(*) FROM positions WHERE run_id = ?", [run_id]).fetchone()[0])
+
+    def positions_window(self, run_id: str, start: int, limit: int) -> pd.DataFrame:
+        """At most ``limit`` positions of a run from position ``start`` on, in order (``positions``' columns)."""
+        with self.connect() as con:
+            return con.execute("SELECT * FROM positions WHERE run_id = ? AND position >= ? ORDER BY position LIMIT ?",
+                               [run_id, int(start), int(limit)]).df()
+
+    def positions_summary(self, run_id: str) -> dict[str, Any]:
+        """Figures over every stored position of a run, computed in the database (bounded memory
+        whatever the length): ``positions``, ``blocks``, ``accepted`` / ``rejected`` / ``bonus``
+        counts, ``log_likelihood`` (``metrics.log_likelihood``: Σ log max(p, 1e-300); NaN when a
+        ``p_token`` is missing, as there), and mean / max ``TV(P, p)``, mean ``TV(P, baseline)``."""
+        names = ["positions", "blocks", "accepted", "rejected", "bonus", "log_likelihood",
+                 "mean_tv_target", "max_tv_target", "mean_tv_baseline"]
+        with self.connect() as con:
+            # fsum: a compensated sum, so 10⁶ log-probabilities add up as exactly as metrics' float64 sum.
+            row = con.execute(
+                "SELECT count(*), count(DISTINCT block), count(*) FILTER (WHERE kind = 'accepted'), "
+                "count(*) FILTER (WHERE kind = 'rejected'), count(*) FILTER (WHERE kind = 'bonus'), "
+                "CASE WHEN count(*) = 0 THEN 'NaN'::DOUBLE WHEN count(p_token) < count(*) OR bool_or(isnan(p_token)) "
+                "THEN 'NaN'::DOUBLE ELSE fsum(ln(greatest(p_token, 1e-300))) END, "
+                "avg(tv_target), max(tv_target), avg(tv_baseline) FROM positions WHERE run_id = ?", [run_id]).fetchone()
+        return dict(zip(names, row))
+
+    def first_divergence(self, reference_id: str, run_id: str, chunk: int = 65_536) -> int | None:
+        """``comparison.positions_divergence`` of two stored runs, in the database: the first
+        position where the two decide differently (kind or token), else the shorter run's length
+        when the lengths differ, else ``None``. Positions are numbered 0 … n − 1 (the writer numbers
+        them so; a shared file is checked for it), so the i-th row is position i. Compared ``chunk``
+        positions at a time, from the start: memory bounded by the chunk, not by the runs' length."""
+        with self.connect() as con:
+            left, right = (int(con.execute("SELECT count(*) FROM positions WHERE run_id = ?", [side]).fetchone()[0])
+                           for side in (reference_id, run_id))
+            for start in range(0, min(left, right), chunk):
+                found = con.execute(
+                    "SELECT min(r.position) FROM positions r JOIN positions o ON o.run_id = ? AND o.position = r.position "
+                    "WHERE r.run_id = ? AND r.position >= ? AND r.position < ? AND o.position >= ? AND o.position < ? "
+                    "AND (r.kind IS DISTINCT FROM o.kind OR r.token IS DISTINCT FROM o.token)",
+                    [run_id, reference_id, start, start + chunk, start, start + chunk]).fetchone()[0]
+                if found is not None:
+                    return int(found)
+        return min(left, right) if left != right else None
+
+    def token_texts(self, run_ids: list[str], token_ids: list[int]) -> dict[int, str]:
+        """The text the runs stored for each of ``token_ids`` (as emitted, else as drafted), the one
+        a report's token labels take: the first run in ``run_ids`` order, the emitted column before
+        the drafted one, the earliest position. Ids none of them stored are left out."""
+        run_ids, token_ids = list(dict.fromkeys(run_ids)), sorted({int(token) for token in token_ids})
+        if not run_ids or not token_ids:
+            return {}
+        runs = ", ".join("?" for _ in run_ids)
+        tokens = ", ".join("?" for _ in token_ids)
+        # Rank = (run's place, column, position) packed in one BIGINT: positions < 2³¹ (INTEGER).
+        order = "(list_position([" + runs + "], run_id)::BIGINT * 2 + {column}) * 4294967296 + position"
+        with self.connect() as con:
+            rows = con.execute(
+                f"SELECT token, arg_min(text, rank) FROM ("
+                f"  SELECT token, token_text AS text, {order.format(column=0)} AS rank FROM positions "
+                f"  WHERE run_id IN ({runs}) AND token IN ({tokens}) AND token_text IS NOT NULL "
+                f"  UNION ALL "
+                f"  SELECT draft_token, draft_text, {order.format(column=1)} FROM positions "
+                f"  WHERE run_id IN ({runs}) AND draft_token IN ({tokens}) AND draft_text IS NOT NULL"
+                f") GROUP BY token",
+                [*run_ids, *run_ids, *token_ids, *run_ids, *run_ids, *token_ids]).fetchall()
+        return {int(token): text for token, text in rows}
+
 
 __all__ = ["RunTables", "now", "summary_from_positions", "writer_tag"]
