@@ -12,10 +12,17 @@ safe to show: one place that knows how.
   paragraph whatever its backslash escapes say (seen in chromium, Streamlit 1.67). The fence is
   longer than any run of backticks inside; Streamlit's one rewrite of raw source, ``:material/``
   to ``:material_`` (for icons, even inside code), is kept out by splitting the span there.
+* ``markdown_cell``: text as one cell of a GitHub-flavoured Markdown table (the README's verdict
+  table). Plain text keeps its look, Markdown's punctuation backslash-escaped; text GitHub would
+  make more of than its characters, which no backslash escape stops (an autolink ``https://…``,
+  ``www.…``, ``a@b.c``; maths ``$…$``; an emoji ``:name:``, replaced after rendering; a character
+  reference ``&#x202e;``), is shown in code spans instead, where GitHub does none of these.
+* ``html_text``: text for an HTML page (a report), invisible characters shown, then HTML-escaped.
 """
 
 from __future__ import annotations
 
+import html
 import re
 import unicodedata
 
@@ -65,3 +72,32 @@ def markdown_literal(text: object, limit: int | None = None) -> str:
     # ":material/x:" would be rewritten by Streamlit's front end even in code: the slash goes
     # between two spans as plain text (adjacent spans would merge their backtick fences).
     return "/".join(_code_span(piece) if piece else "" for piece in re.split(r"(?<=:material)/", shown))
+
+
+# Markdown's punctuation that a backslash escape makes literal (CommonMark: any ASCII punctuation).
+_MARKDOWN_PUNCTUATION = re.compile(r"([\\`*_{}\[\]()#+!|<>~])")
+# What GitHub makes of text beyond Markdown's punctuation: autolinks (cmark-gfm's ``scheme://``,
+# ``www.``, e-mail ``a@b.c``, ``mailto:`` / ``xmpp:``), maths (``$``), emoji shortcodes (``:name:``,
+# replaced in the HTML after rendering, so an escaped colon is still one) and character references
+# (``&#x202e;`` would be decoded into the very character ``visible`` escaped). Broad on purpose: a
+# false match only costs a monospace cell.
+_GITHUB_ACTIVE = re.compile(r"://|www\.|@|\$|&|:[^\s:]+:|(?:mailto|xmpp):", re.IGNORECASE)
+
+
+def markdown_cell(text: object, limit: int = 200) -> str:
+    """``text`` as one cell of a GitHub-flavoured Markdown table: on one line (runs of whitespace
+    become one space), invisible characters shown (``visible``), cut to ``limit`` characters. Text
+    GitHub reads as text keeps its look with Markdown's punctuation backslash-escaped; text it would
+    turn into a link, formula, emoji or character (``_GITHUB_ACTIVE``) becomes code spans
+    (``markdown_literal``) with each ``|`` between them as ``\\|``: GFM splits a row into cells
+    before it parses code spans, reading ``\\\\`` as one escaped backslash, so a pipe escaped
+    inside a span after a backslash of the text would still end the cell."""
+    shown = visible(" ".join(("" if text is None else str(text)).split()), limit=limit)
+    if _GITHUB_ACTIVE.search(shown):
+        return "\\|".join(markdown_literal(piece) if piece else "" for piece in shown.split("|"))
+    return _MARKDOWN_PUNCTUATION.sub(r"\\\1", shown)
+
+
+def html_text(text: object, keep: str = "") -> str:
+    """``text`` for HTML: invisible characters shown as escapes (``visible``), then HTML-escaped."""
+    return html.escape(visible(text, keep=keep))

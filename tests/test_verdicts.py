@@ -151,7 +151,10 @@ def test_a_table_from_elsewhere_is_imported_with_its_origin_and_runs_nothing(tmp
     [line] = _rows(capsys)
     assert line["provenance"] == f"imported from gpu-row.json (sha256 {sha256(source)[:12]})"
     markdown = markdown_table(json.loads(out.read_text()))
-    assert "[click](http" not in markdown and "\\[click\\]\\(http" in markdown and "<b>" not in markdown  # escaped, one cell
+    # A link GitHub would form from the text: shown literally as code spans, the pipe escaped between them (one cell).
+    assert "| ` vLLM [click](http://evil)  `\\|`  <b>x</b> ` |" in markdown
+    plain = markdown_table(_table(label="vLLM [click] (x) | <b>x</b>"))  # text alone: Markdown's punctuation escaped
+    assert "| vLLM \\[click\\] \\(x\\) \\| \\<b\\>x\\</b\\> |" in plain
     assert markdown.splitlines()[-1].count(" | ") == markdown.splitlines()[0].count(" | ")
     # A report can carry the table: escaped there too.
     Store(tmp_path / "runs.duckdb")
@@ -164,7 +167,7 @@ def test_a_table_from_elsewhere_is_imported_with_its_origin_and_runs_nothing(tmp
 @pytest.mark.parametrize("table, fragment", [
     (_table(verdict="looks fine"), "verdict 'looks fine' is not one of"),
     (_table(on=_side(p_value=float("nan"))), "NaN is not a JSON number"),
-    (_table(on=_side(p_value="0.4")), "on.p_value must be a finite number"),
+    (_table(on=_side(p_value="0.4")), "on.p_value must be a number in [0, 1]"),
     (_table(off="fail"), "off (speculation off) must be an object"),
     ({"rows": "x"}, "not a verdict table"),
     ("[" * 10_000, "nest"),

@@ -12,21 +12,32 @@ from typing import Any
 from diagnostics.cli.common import json_line
 
 DEFAULT_OUT = "docs/verdicts.json"
+# What a row's settings may take of the table's bound (table_file.MAX_SETTINGS_BYTES, 8 KiB) for
+# what a user gives; the rest (the policy, the engine's stated settings: about 2 KB) is the lab's.
+MAX_PROMPTS_TEXT = 4096
+MAX_SETTINGS_TEXT = 2048
 
 
 def command_verdicts(args: argparse.Namespace) -> int:
-    from diagnostics.verdicts.render import write_readme_table
-    from diagnostics.verdicts.table import save_table
+    from diagnostics.verdicts.render import readme_with_table, write_readme_table
+    from diagnostics.verdicts.table_file import table_bytes, write_atomically
 
     out = Path(args.out)
+    readme = _readme(args, out)
     if args.import_file:
-        table = _import(Path(args.import_file), out)
-        save_table(out, table)
+        table, notes = _import(Path(args.import_file), out)
+        # Everything is checked and made in memory first: a refusal leaves the table and README as they were.
+        data = table_bytes(table)
+        readme_text = readme_with_table(readme, table) if readme is not None else None
+        write_atomically(out, data)
+        if readme_text is not None:
+            write_atomically(readme, readme_text.encode("utf-8"))
+        for note in notes:
+            print(note, file=sys.stderr)
     else:
         table = _run(args, out)
-    readme = _readme(args, out)
-    if readme is not None:
-        write_readme_table(readme, table)
+        if readme is not None:
+            write_readme_table(readme, table)
     for row in table["rows"]:
         print(json_line({"engine": row["engine"], "policy": row["policy"], "verdict": row["verdict"], "p_value": row["on"].get("p_value"),
                          "tokens": row["on"].get("tokens"), "control": row["off"].get("verdict"), "provenance": row.get("provenance")}))
@@ -68,6 +79,7 @@ def _run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     if not 1 <= args.max_tokens <= 512:
         raise ValueError(f"--max-tokens must lie in [1, 512], got {args.max_tokens}")
     load_table(out)  # a table file that is not one is refused before anything runs
+    _check_prompts(list(args.prompt))
     if not 1 <= args.workers <= 16:
         raise ValueError(f"--workers must lie in [1, 16], got {args.workers}")
     if not 1 <= args.score_logprobs <= 1000:
@@ -100,36 +112,70 @@ def _settings(text: str | None) -> dict[str, Any]:
 
     if not text:
         return {}
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise ValueError("--settings must be UTF-8 text (the argument held bytes that are not)") from None
     settings = loads(text, "--settings")
-    if not isinstance(settings, dict) or len(settings) > 30 or any(
+    if not isinstance(settings, dict) or len(settings) > 30 or size > MAX_SETTINGS_TEXT or any(
             not isinstance(value, (str, int, float, bool, type(None))) or len(str(value)) > 200 for value in settings.values()):
-        raise ValueError('--settings must be a JSON object of up to 30 short values, e.g. \'{"method": "eagle3", "num_speculative_tokens": 3}\'')
+        raise ValueError(f"--settings must be a JSON object of up to 30 short values ({MAX_SETTINGS_TEXT:,} bytes in all), "
+                         'e.g. \'{"method": "eagle3", "num_speculative_tokens": 3}\'')
     return settings
 
 
-def _import(source: Path, out: Path) -> dict[str, Any]:
-    """Rows of a verdict table made elsewhere (a GPU engine's), validated like any shared file and
-    marked with where they came from; nothing in them is run. Refused whole on any bad row."""
-    from diagnostics.untrusted import visible
-    from diagnostics.verdicts.table import check_table, load_table, sha256, upsert
+def _check_prompts(prompts: list[str]) -> None:
+    """``--prompt`` texts the table can keep: each row's settings hold its prompts, and a table's
+    settings are bounded (``table_file.MAX_SETTINGS_BYTES``); refused before anything runs."""
+    import json
 
     try:
-        incoming = load_table(source)
-    except OSError as error:
-        raise ValueError(f"cannot read {source}: {error.strerror or error}") from None
+        size = len(json.dumps(prompts, ensure_ascii=False).encode("utf-8"))
+    except UnicodeEncodeError:
+        raise ValueError("--prompt must be UTF-8 text (an argument held bytes that are not)") from None
+    if size > MAX_PROMPTS_TEXT:
+        raise ValueError(f"--prompt texts take {size:,} bytes; the table keeps at most {MAX_PROMPTS_TEXT:,} bytes of prompts a row")
+
+
+def _import(source: Path, out: Path) -> tuple[dict[str, Any], list[str]]:
+    """The table ``out`` with the rows of a table made elsewhere (a GPU engine's) added, and the
+    notes to print once it is written. The file is read with bounds and validated like any shared
+    file (``table_file``); each row is marked with where it came from and nothing in it is run. An
+    imported row replaces an earlier imported row of its engine and policy, never a row run here:
+    both are kept, and where their verdicts differ the notes and the table say so. Refused whole,
+    in one line, on any bad row; nothing is written here."""
+    import hashlib
+
+    from diagnostics.untrusted import visible
+    from diagnostics.verdicts.table import check_table, disagreement, imported_row, load_table, upsert
+    from diagnostics.verdicts.table_file import parse_table, read_bounded
+
+    data = read_bounded(source)
+    incoming = parse_table(data, str(source))
     if not incoming["rows"]:
         raise ValueError(f"{source} holds no rows")
+    if out.exists() and os.path.samefile(source, out):
+        raise ValueError(f"{source} is the table itself (--out): import a table made elsewhere")
     table = load_table(out)
-    origin = f"imported from {visible(source.name, limit=80)} (sha256 {sha256(source)[:12]})"
-    for row in incoming["rows"]:
-        row = dict(row)
-        row["provenance"] = origin
+    origin = f"imported from {visible(source.name, limit=80)} (sha256 {hashlib.sha256(data).hexdigest()[:12]})"
+    rows = [imported_row(row, origin) for row in incoming["rows"]]
+    seen = set()
+    for index, row in enumerate(rows):
+        if (row["engine"], row["policy"]) in seen:
+            raise ValueError(f"{source}: row {index + 1}: a second row for engine {visible(row['engine'], limit=40)!r}, "
+                             f"policy {visible(row['policy'], limit=40)!r} (an import holds one row per engine and policy)")
+        seen.add((row["engine"], row["policy"]))
         upsert(table, row)
     problem = check_table(table)
     if problem:
         raise ValueError(f"{source}: {problem}")
-    print(f"note: {len(incoming['rows'])} row(s) {origin}", file=sys.stderr)
-    return table
+    notes = [f"note: {len(rows)} row(s) {origin}"]
+    for row in rows:
+        other = disagreement(table, row)
+        if other is not None:
+            notes.append(f"note: {visible(row['engine'], limit=80)} · {visible(row['policy'], limit=80)}: the imported row "
+                         f"says {row['verdict']}, the row run here {other}; both are kept and the table shows they disagree")
+    return table, notes
 
 
 def add_parser(commands: Any) -> None:
@@ -160,7 +206,9 @@ def add_parser(commands: Any) -> None:
                           help="the README whose table to rewrite (default README.md with the default --out; 'none': no README)")
     verdicts.add_argument("--rerun", action="store_true", help="run the chosen rows again even where their evidence is unchanged")
     verdicts.add_argument("--import", dest="import_file", default=None, metavar="TABLE.json",
-                          help="add the rows of a table made elsewhere (e.g. a GPU engine's), validated and marked with their origin")
+                          help="add the rows of a table made elsewhere (e.g. a GPU engine's; a regular file of at most 4 MiB), "
+                               "validated and marked with their origin; an imported row never replaces a row run here: "
+                               "both are kept, and a disagreement is shown")
     verdicts.add_argument("--endpoint", default=None, metavar="URL",
                           help="your engine's OpenAI-compatible server with speculation on (a GPU engine: vLLM, SGLang, TensorRT-LLM)")
     verdicts.add_argument("--baseline-endpoint", default=None, metavar="URL", help="the same model served with speculation off")

@@ -1,23 +1,22 @@
 """The verdict table for people: Markdown rows for the README (between two marker lines the
-command rewrites) and the rows the Audit page shows. Every cell that came from a file is
-untrusted: Markdown-significant characters are escaped here."""
+command rewrites), the HTML section of a report (``report --verdicts``) and the rows the Audit page
+shows. Every string from the table file is untrusted (a row may be imported): each cell is made
+safe by ``diagnostics.untrusted``, the one place that knows how (``visible`` for the page's data,
+``markdown_cell`` for the README, ``html_text`` for the report). An imported row that disagrees
+with the row run here for the same engine and policy says so in its verdict cell."""
 
 from __future__ import annotations
 
 import html
-import re
 from pathlib import Path
 from typing import Any
 
+from diagnostics.untrusted import html_text, markdown_cell, visible
+from diagnostics.verdicts.table import disagreement, is_run_here
+from diagnostics.verdicts.table_file import write_atomically
+
 START = "<!-- verdicts:start (written by `python -m diagnostics verdicts`; edits here are overwritten) -->"
 END = "<!-- verdicts:end -->"
-_MARKDOWN = re.compile(r"([\\`*_{}\[\]()#+!|<>~])")
-
-
-def _cell(value: Any) -> str:
-    """Untrusted text as one Markdown table cell: one line, markup characters escaped."""
-    text = " ".join(str(value).split())[:200]
-    return _MARKDOWN.sub(r"\\\1", text)
 
 
 def _figure(value: Any, spec: str = ".3g") -> str:
@@ -51,14 +50,19 @@ def display_rows(table: dict[str, Any]) -> list[dict[str, str]]:
         on, off = row["on"], row["off"]
         interval = (f"{_figure(on.get('distortion'), '.3f')} [{_figure(on.get('distortion_low'), '.3f')}, "
                     f"{_figure(on.get('distortion_high'), '.3f')}]")
-        out.append({
-            "engine": row["label"], "version": row["version"], "policy": policy_text(row["settings"]), "verdict": row["verdict"],
+        other = disagreement(table, row)
+        verdict = row["verdict"] if other is None else f"{row['verdict']} · disagrees with the row run here ({other})"
+        # An imported side's audit lives in its maker's store: named, never taken for one of this store's.
+        audit = on.get("audit_id") or (f"{on['audit_id_elsewhere']} (elsewhere)" if on.get("audit_id_elsewhere") else "–")
+        cells = {
+            "engine": row["label"], "version": row["version"], "policy": policy_text(row["settings"]), "verdict": verdict,
             "p": _side_p(on), "tokens": _figure(on.get("tokens"), ","),
             "detects TV ≥": _figure(on.get("detectable_tv"), ".3f"), "distortion [95%]": interval,
             "control (off)": f"{off.get('verdict')} (p {_side_p(off)})",
-            "evidence": f"{on.get('file') or '–'} sha256 {str(on.get('sha256') or '–')[:12]} · audit {on.get('audit_id') or '–'}",
-            "time here": f"{_figure(row.get('time_s'), '.0f')} s" if row.get("provenance") == "run here" else str(row.get("provenance")),
-        })
+            "evidence": f"{on.get('file') or '–'} sha256 {str(on.get('sha256') or '–')[:12]} · audit {audit}",
+            "time here": f"{_figure(row.get('time_s'), '.0f')} s" if is_run_here(row) else str(row.get("provenance")),
+        }
+        out.append({name: visible(cell) for name, cell in cells.items()})  # data, but shown: no invisible character acts
     return out
 
 
@@ -69,20 +73,26 @@ def markdown_table(table: dict[str, Any]) -> str:
         return "No verdicts yet: run `python -m diagnostics verdicts`."
     header = list(rows[0])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(_cell(row[name]) for name in header) + " |" for row in rows]
+    lines += ["| " + " | ".join(markdown_cell(row[name]) for name in header) + " |" for row in rows]
     return "\n".join(lines)
 
 
 def write_readme_table(readme: Path, table: dict[str, Any]) -> None:
     """Replace what lies between the marker lines of ``readme`` with the table (refused in one line
     when the markers are missing: the command never guesses where a table goes)."""
+    write_atomically(readme, readme_with_table(readme, table).encode("utf-8"))
+
+
+def readme_with_table(readme: Path, table: dict[str, Any]) -> str:
+    """The text of ``readme`` with the table between its marker lines (``write_readme_table``);
+    a one-line ``ValueError`` when the markers are missing. Nothing is written."""
     text = readme.read_text(encoding="utf-8")
     if START not in text or END not in text or text.index(START) > text.index(END):
         raise ValueError(f"{readme} has no verdict table markers: put the line {START!r} and below it the line {END!r} "
                          "where the table goes")
     head, rest = text.split(START, 1)
     _, tail = rest.split(END, 1)
-    readme.write_text(f"{head}{START}\n{markdown_table(table)}\n{END}{tail}", encoding="utf-8")
+    return f"{head}{START}\n{markdown_table(table)}\n{END}{tail}"
 
 
 def html_section(table: dict[str, Any]) -> str:
@@ -91,7 +101,7 @@ def html_section(table: dict[str, Any]) -> str:
     if not rows:
         return ""
     header = "".join(f"<th>{html.escape(name)}</th>" for name in rows[0])
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(cell))}</td>" for cell in row.values()) + "</tr>" for row in rows)
+    body = "".join("<tr>" + "".join(f"<td>{html_text(cell)}</td>" for cell in row.values()) + "</tr>" for row in rows)
     return ('<section class="run"><h2>Verdicts on real engines</h2><p class="meta">Each engine with speculation on and, as its '
             "control, off, under the same sampling settings, audited against the target's law; a row whose control fails reads "
             "'control failed: settings not matched'. 'detects TV ≥': the smallest distortion the sample finds at 90% power.</p>"

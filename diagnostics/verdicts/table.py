@@ -6,13 +6,19 @@ evidence) and its audit to the store; the row's verdict is the speculation-on au
 control (speculation off, same settings) fails: then the settings did not match and the row says
 so instead of blaming speculation. Rows already in the table file with their evidence files
 unchanged are kept (``resume``); a samples file cut short is continued from its next seed.
+
+A verdict is decided by evidence, never by the file being judged: a row imported from a table made
+elsewhere never replaces a row run here (``upsert``: both stay, and ``disagreement`` says when their
+verdicts differ), and the evidence of a re-audit is a plain file in a plain folder (``evidence_file``
+follows no symbolic link). The file itself is read, checked and written by ``table_file``.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import math
+import os
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -22,9 +28,10 @@ from typing import Any
 
 from diagnostics.audit.samples import Sample, load_samples, write_samples
 from diagnostics.policy import Policy
-
-CONTROL_FAILED = "control failed: settings not matched"
-ROW_VERDICTS = ("pass", "fail", "inconclusive", CONTROL_FAILED)
+from diagnostics.verdicts.table_file import (  # noqa: F401  (the table file's names, where callers import them)
+    CONTROL_FAILED, MAX_SETTINGS_BYTES, MAX_TABLE_BYTES, ROW_VERDICTS, RUN_HERE, check_table, is_run_here, load_table,
+    save_table,
+)
 SIDE_FIELDS = ("verdict", "p_value", "tokens", "generations", "detectable_tv", "needed_tokens", "distortion", "distortion_low",
                "distortion_high", "worst_position", "worst_position_p", "impossible", "stopped_short", "reasons", "file", "sha256", "audit_id",
                "time_s", "generation_s")
@@ -135,6 +142,11 @@ def _check_continuable(job: Job, samples: list[Sample]) -> None:
 def side_evidence(result: dict[str, Any], path: Path, audit_id: str | None, generation_s: float) -> dict[str, Any]:
     """What the table keeps of one side's audit: the figures, the file and its hash, the audit id."""
     kept = {name: result.get(name) for name in SIDE_FIELDS if name in result}
+    for name in ("distortion", "distortion_low", "distortion_high"):
+        # A TV lies in [0, 1]: a bootstrap interval's end shifted past 1 by its bias correction is cut
+        # there, as its lower end is cut at 0 (the table refuses a TV outside [0, 1]).
+        if isinstance(kept.get(name), float) and math.isfinite(kept[name]):
+            kept[name] = min(1.0, max(0.0, kept[name]))
     kept.update(file=path.name, sha256=sha256(path), audit_id=audit_id, generation_s=round(generation_s, 1))
     kept["time_s"] = round(float(result.get("time_s") or 0.0), 1)
     return kept
@@ -153,71 +165,6 @@ def row_key(engine: str, policy_name: str) -> str:
 
 def policy_settings(policy: Policy) -> dict[str, Any]:
     return {"temperature": policy.temperature, "top_k": policy.top_k, "top_p": policy.top_p, "min_p": policy.min_p}
-
-
-def load_table(path: Path) -> dict[str, Any]:
-    """The table file (``{"rows": [...]}``), empty when it does not exist; refused in one line when
-    it is not a table (``check_table``)."""
-    from diagnostics.untrusted_json import loads
-
-    if not path.exists():
-        return {"rows": []}
-    table = loads(path.read_text(encoding="utf-8"), str(path))
-    problem = check_table(table)
-    if problem:
-        raise ValueError(f"{path}: {problem}")
-    return table
-
-
-def save_table(path: Path, table: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(table, indent=1, ensure_ascii=False, default=_json_default) + "\n", encoding="utf-8")
-    partial.replace(path)
-
-
-def _json_default(value: Any) -> Any:
-    if hasattr(value, "item"):
-        return value.item()
-    raise TypeError(type(value).__name__)
-
-
-def _number_or_none(value: Any) -> bool:
-    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value))
-
-
-def check_table(table: Any) -> str | None:
-    """Why ``table`` is not a verdict table (a file from elsewhere is untrusted), or ``None``: every
-    row names its engine, policy and verdict (one of ``ROW_VERDICTS``) as short text, both sides'
-    figures are finite numbers or empty, and nothing else is needed to show it."""
-    if not isinstance(table, dict) or not isinstance(table.get("rows"), list):
-        return 'not a verdict table: expected {"rows": [...]}'
-    if len(table["rows"]) > 1000:
-        return "more than 1,000 rows"
-    for index, row in enumerate(table["rows"]):
-        where = f"row {index + 1}"
-        if not isinstance(row, dict):
-            return f"{where} is not an object"
-        for name in ("engine", "label", "version", "policy", "verdict"):
-            if not isinstance(row.get(name), str) or not row[name] or len(row[name]) > 200:
-                return f"{where}: {name} must be text of 1 to 200 characters"
-        if row["verdict"] not in ROW_VERDICTS:
-            return f"{where}: verdict {row['verdict'][:40]!r} is not one of {', '.join(ROW_VERDICTS)}"
-        if not isinstance(row.get("settings"), dict):
-            return f"{where}: settings must be an object"
-        for side in ("on", "off"):
-            evidence = row.get(side)
-            if not isinstance(evidence, dict):
-                return f"{where}: {side} (speculation {side}) must be an object with its audit's figures"
-            for name in ("p_value", "tokens", "detectable_tv", "distortion", "distortion_low", "distortion_high"):
-                if not _number_or_none(evidence.get(name)):
-                    return f"{where}: {side}.{name} must be a finite number"
-            if evidence.get("verdict") not in ("pass", "fail", "inconclusive"):
-                return f"{where}: {side}.verdict must be pass, fail or inconclusive"
-            for name in ("file", "sha256", "audit_id"):
-                if evidence.get(name) is not None and (not isinstance(evidence[name], str) or len(evidence[name]) > 200):
-                    return f"{where}: {side}.{name} must be text of at most 200 characters"
-    return None
 
 
 Auditor = Callable[[list[Sample], str], dict[str, Any]]  # (samples, source name) -> the audit's result as a dict
@@ -298,7 +245,7 @@ def run_row(job_on: Job, job_off: Job, auditor: Auditor, eos: set[int], *, detec
         "settings": {**policy_settings(job_on.policy), "max_tokens": job_on.max_tokens, **job_on.row.speculative,
                      "prompts": [text for text, _ in job_on.prompts], "detect_tv": detect_tv, "level": level},
         "note": job_on.row.note, "on": sides["on"], "off": sides["off"], "time_s": round(time.perf_counter() - started, 1),
-        "provenance": "run here",
+        "provenance": RUN_HERE,
     }
 
 
@@ -306,13 +253,43 @@ def audited_controls(table: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The speculation-off audits the table already holds, by their file's sha256 (``run_row``)."""
     return {row["off"]["sha256"]: {"detect_tv": row["settings"].get("detect_tv"), "level": row["settings"].get("level"),
                                    "evidence": row["off"]}
-            for row in table["rows"] if row.get("provenance") == "run here" and row["off"].get("sha256")}
+            for row in table["rows"] if is_run_here(row) and row["off"].get("sha256")}
 
 
 def upsert(table: dict[str, Any], row: dict[str, Any]) -> None:
-    """Put ``row`` in the table, replacing the row of the same engine and policy."""
-    key = row_key(row["engine"], row["policy"])
-    table["rows"] = [other for other in table["rows"] if row_key(other["engine"], other["policy"]) != key] + [row]
+    """Put ``row`` in the table, replacing the row of the same engine and policy and the same
+    provenance kind: a row run here replaces the one run here, an imported row the imported one.
+    An imported row never replaces a row run here (nor the reverse): both stay, side by side, and
+    ``disagreement`` tells when their verdicts differ."""
+    key = (row_key(row["engine"], row["policy"]), is_run_here(row))
+    table["rows"] = [other for other in table["rows"] if (row_key(other["engine"], other["policy"]), is_run_here(other)) != key] + [row]
+
+
+def imported_row(row: dict[str, Any], origin: str) -> dict[str, Any]:
+    """A row of a table made elsewhere as this table keeps it: marked with ``origin`` (whatever
+    provenance it claims), and each side's audit id kept as ``audit_id_elsewhere``: it names an audit
+    in its maker's store, which an id of this store's must never be taken for."""
+    marked = {**row, "provenance": origin}
+    for side in ("on", "off"):
+        evidence = dict(row[side])
+        elsewhere = evidence.pop("audit_id", None) or evidence.get("audit_id_elsewhere")
+        marked[side] = {**evidence, "audit_id": None, "audit_id_elsewhere": elsewhere}
+    return marked
+
+
+def disagreement(table: dict[str, Any], row: dict[str, Any]) -> str | None:
+    """For an imported row, the verdict of the row run here for the same engine and policy when the
+    two disagree (its verdict, or its control's), e.g. ``"pass"``; ``None`` when they agree, when
+    there is no such row, or for a row run here."""
+    if is_run_here(row):
+        return None
+    for other in table["rows"]:
+        if is_run_here(other) and other["engine"] == row["engine"] and other["policy"] == row["policy"]:
+            if other["verdict"] != row["verdict"]:
+                return other["verdict"]
+            if other["off"].get("verdict") != row["off"].get("verdict"):
+                return f"{other['verdict']}, control {other['off'].get('verdict')}"
+    return None
 
 
 def stored_row(table: dict[str, Any], engine: str, policy_name: str, folder: Path,
@@ -322,7 +299,7 @@ def stored_row(table: dict[str, Any], engine: str, policy_name: str, folder: Pat
     for row in table["rows"]:
         if settings is not None and any(row["settings"].get(name) != value for name, value in settings.items()):
             continue
-        if row["engine"] == engine and row["policy"] == policy_name and row.get("provenance") == "run here":
+        if row["engine"] == engine and row["policy"] == policy_name and is_run_here(row):
             if evidence_unchanged(row, folder):
                 return row
     return None
@@ -341,18 +318,47 @@ def evidence_unchanged(row: dict[str, Any], folder: Path) -> bool:
 def evidence_file(row: dict[str, Any], side: str, folder: Path) -> Path:
     """The generations file of one side (``on`` / ``off``) of a row, in ``folder``, checked to be
     the file the verdict was made from: its sha256 must equal the one the table states. The name
-    comes from the table (untrusted): only a plain file name inside ``folder`` is accepted."""
+    comes from the table (untrusted): only a plain file name inside ``folder`` is accepted, and
+    neither ``folder`` nor the file may be a symbolic link (one-line ``ValueError``)."""
     evidence = row[side]
     name = str(evidence.get("file") or "")
     if not name or Path(name).name != name or name.startswith("."):
         raise ValueError(f"the {side} side names no evidence file in {folder}: rerun the row with python -m diagnostics verdicts")
     path = folder / name
-    if not path.is_file():
-        raise ValueError(f"{path} is missing: it is the {side} side's evidence; restore it from the repository or rerun the row")
-    if sha256(path) != evidence.get("sha256"):
+    # No symbolic link, neither the folder nor the file: a link committed or unpacked there could
+    # point the hash check (an oracle on any file's content) and the audit's parser at files elsewhere.
+    for place in (folder, path):
+        if os.path.islink(place):
+            raise ValueError(f"{place} is a symbolic link: the evidence must be a plain file in a plain folder; "
+                             "replace the link with the file itself")
+    try:
+        digest = _sha256_no_follow(path)
+    except FileNotFoundError:
+        raise ValueError(f"{path} is missing: it is the {side} side's evidence; restore it from the repository or rerun the row") from None
+    if digest != evidence.get("sha256"):
         raise ValueError(f"{path} changed since the verdict was made (its sha256 differs from the table's): restore it from the "
                          "repository or rerun the row with --rerun")
     return path
+
+
+def _sha256_no_follow(path: Path) -> str:
+    """The sha256 of the regular file at ``path``, opened without following a link (``O_NOFOLLOW``:
+    a link put there after the check above fails here) nor blocking (a pipe is refused, not waited on)."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        descriptor = os.open(path, flags)
+    except OSError as error:
+        if isinstance(error, FileNotFoundError):
+            raise
+        raise ValueError(f"{path} cannot be read as evidence ({error.strerror or error}): it must be a plain file, not a link") from None
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        os.close(descriptor)
+        raise ValueError(f"{path} is not a regular file: the evidence must be the generations file itself")
+    with os.fdopen(descriptor, "rb") as handle:
+        digest = hashlib.sha256()
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def reaudit_side(row: dict[str, Any], side: str, folder: Path, target: Any, eos: set[int],
