@@ -296,6 +296,20 @@ def with_sampled_eos(ids: list[int], finish_reason: Any, completion_tokens: int 
     return ids
 
 
+def _text_ids(sample: Sample, tokenize: Callable[[str], list[int]], eos_id: int | None,
+              prompts: dict[str, list[int]]) -> list[int]:
+    """The ids of ``sample``'s text after its prompt's (``continuation_ids``), with an EOS the engine
+    counted but the text cannot show put back (``with_sampled_eos``); ``prompts`` caches prompts' ids."""
+    if sample.prompt_ids is not None:
+        prompt_ids = list(sample.prompt_ids)
+    else:
+        if sample.prompt not in prompts:
+            prompts[sample.prompt] = list(tokenize(sample.prompt)) if sample.prompt else []
+        prompt_ids = prompts[sample.prompt]
+    return with_sampled_eos(continuation_ids(sample.prompt, sample.text or "", tokenize, prompt_ids),
+                            sample.finish_reason, sample.completion_tokens, eos_id)
+
+
 def check_retokenized(samples: list[Sample], tokenize: Callable[[str], list[int]], eos_id: int | None = None) -> int:
     """Check each line that says its ids were ``"retokenized"`` from its text: they must be the ids
     its text gives here (``continuation_ids``, an EOS the engine counted put back), the way the
@@ -307,14 +321,7 @@ def check_retokenized(samples: list[Sample], tokenize: Callable[[str], list[int]
     for sample in samples:
         if sample.ids_source != "retokenized" or not sample.token_ids:
             continue
-        if sample.prompt_ids is not None:
-            prompt_ids = list(sample.prompt_ids)
-        else:
-            if sample.prompt not in prompts:
-                prompts[sample.prompt] = list(tokenize(sample.prompt)) if sample.prompt else []
-            prompt_ids = prompts[sample.prompt]
-        expected = with_sampled_eos(continuation_ids(sample.prompt, sample.text or "", tokenize, prompt_ids),
-                                    sample.finish_reason, sample.completion_tokens, eos_id)
+        expected = _text_ids(sample, tokenize, eos_id, prompts)
         if list(sample.token_ids) != expected:
             raise SamplesError(f"{sample.where or 'a line'}: says its token_ids were retokenized from its text, but its text "
                                f"tokenises to other ids with the target's tokenizer ({len(expected)} ids, not "
@@ -333,14 +340,7 @@ def retokenize(samples: list[Sample], tokenize: Callable[[str], list[int]], eos_
         if not sample.text_only:
             continue
         where = sample.where or "a line"
-        if sample.prompt_ids is not None:
-            prompt_ids = list(sample.prompt_ids)
-        else:
-            if sample.prompt not in prompts:
-                prompts[sample.prompt] = list(tokenize(sample.prompt)) if sample.prompt else []
-            prompt_ids = prompts[sample.prompt]
-        ids = with_sampled_eos(continuation_ids(sample.prompt, sample.text or "", tokenize, prompt_ids),
-                               sample.finish_reason, sample.completion_tokens, eos_id)
+        ids = _text_ids(sample, tokenize, eos_id, prompts)
         if not ids:
             raise SamplesError(f"{where}: its text tokenises to no ids with the target's tokenizer: give token_ids")
         sample.token_ids = _ids(ids, "token_ids (from its text)", where, allow_empty=False)
