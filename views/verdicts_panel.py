@@ -44,6 +44,8 @@ def verdict_table(store: Store, save: Callable[[dict], None]) -> None:
         shown[f"audit ({side})"] = [f"/audit?audit={quote(str(row[side].get('audit_id')))}" if row[side].get("audit_id") in stored else None
                                     for row in table["rows"]]
     st.dataframe(shown, hide_index=True, key="verdict_table", width="stretch", column_config={
+        # wide enough for "fail · disagrees with the row run here (pass)" on an imported row
+        "verdict": st.column_config.TextColumn("verdict", width="large"),
         "audit (on)": st.column_config.LinkColumn("audit (on)", display_text=r"audit=(.*)$"),
         "audit (off)": st.column_config.LinkColumn("audit (off)", display_text=r"audit=(.*)$")})
     st.caption("Each engine generates from the embedded model with speculation on and, as its control, off, under the same "

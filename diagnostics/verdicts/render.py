@@ -60,7 +60,8 @@ def display_rows(table: dict[str, Any]) -> list[dict[str, str]]:
             "detects TV ≥": _figure(on.get("detectable_tv"), ".3f"), "distortion [95%]": interval,
             "control (off)": f"{off.get('verdict')} (p {_side_p(off)})",
             "evidence": f"{on.get('file') or '–'} sha256 {str(on.get('sha256') or '–')[:12]} · audit {audit}",
-            "time here": f"{_figure(row.get('time_s'), '.0f')} s" if is_run_here(row) else str(row.get("provenance")),
+            # An imported row took no time here: "–", and where it came from.
+            "time here": f"{_figure(row.get('time_s'), '.0f')} s" if is_run_here(row) else f"– ({row.get('provenance')})",
         }
         out.append({name: visible(cell) for name, cell in cells.items()})  # data, but shown: no invisible character acts
     return out
