@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from diagnostics.untrusted import html_text, markdown_cell, visible
-from diagnostics.verdicts.table import disagreement, is_run_here
+from diagnostics.verdicts.table import ENGINE_ERROR, SPECULATION_INACTIVE, disagreement, is_run_here
 from diagnostics.verdicts.table_file import write_atomically
 
 START = "<!-- verdicts:start (written by `python -m diagnostics verdicts`; edits here are overwritten) -->"
@@ -43,6 +43,19 @@ def _side_p(side: dict[str, Any]) -> str:
     return f"{_figure(side.get('p_value'), '.2g')}{extra}"
 
 
+def _verdict_cell(row: dict[str, Any]) -> str:
+    """The row's verdict, with what an engine error said (its first 120 characters) or what the
+    engine's counters say when speculation was inactive."""
+    verdict = str(row["verdict"])
+    if verdict == ENGINE_ERROR:
+        said = next((row[side].get("error") for side in ("on", "off") if row[side].get("error")), "")
+        return f"{verdict}: {said[:120]}" if said else verdict
+    if verdict == SPECULATION_INACTIVE:
+        counters = row["on"].get("speculation") or {}
+        return f"{verdict} ({counters.get('drafted', '?')} drafted, {counters.get('accepted', '?')} accepted)"
+    return verdict
+
+
 def display_rows(table: dict[str, Any]) -> list[dict[str, str]]:
     """One dict of readable cells per row (plain text, not Markdown: the page shows them as data)."""
     out = []
@@ -51,7 +64,9 @@ def display_rows(table: dict[str, Any]) -> list[dict[str, str]]:
         interval = (f"{_figure(on.get('distortion'), '.3f')} [{_figure(on.get('distortion_low'), '.3f')}, "
                     f"{_figure(on.get('distortion_high'), '.3f')}]")
         other = disagreement(table, row)
-        verdict = row["verdict"] if other is None else f"{row['verdict']} · disagrees with the row run here ({other})"
+        verdict = _verdict_cell(row)
+        if other is not None:
+            verdict = f"{verdict} · disagrees with the row run here ({other})"
         # An imported side's audit lives in its maker's store: named, never taken for one of this store's.
         audit = on.get("audit_id") or (f"{on['audit_id_elsewhere']} (elsewhere)" if on.get("audit_id_elsewhere") else "–")
         cells = {

@@ -4,7 +4,10 @@ law (the external audit, one-sample, teacher forcing under each line's declared 
 A row is ``(engine, policy)``. Each side's generations go to a samples file (its sha256 is the
 evidence) and its audit to the store; the row's verdict is the speculation-on audit's, unless its
 control (speculation off, same settings) fails: then the settings did not match and the row says
-so instead of blaming speculation. Rows already in the table file with their evidence files
+so instead of blaming speculation; an engine that raises (or gives ids the target cannot read)
+makes the row ``engine error`` with its message, and a speculative side whose engine's own counters
+(``generator.counters``) say it drafted or accepted nothing makes it ``speculation inactive``
+(``row_verdict``). Rows already in the table file with their evidence files
 unchanged are kept (``resume``); a samples file cut short is continued from its next seed.
 
 A verdict is decided by evidence, never by the file being judged: a row imported from a table made
@@ -26,11 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from diagnostics.audit.samples import Sample, load_samples, write_samples
+from diagnostics.audit.samples import Sample, SamplesError, load_samples, write_samples
 from diagnostics.policy import Policy
 from diagnostics.verdicts.table_file import (  # noqa: F401  (the table file's names, where callers import them)
-    CONTROL_FAILED, MAX_SETTINGS_BYTES, MAX_TABLE_BYTES, ROW_VERDICTS, RUN_HERE, check_table, is_run_here, load_table,
-    save_table,
+    CONTROL_FAILED, ENGINE_ERROR, MAX_REASON, MAX_SETTINGS_BYTES, MAX_TABLE_BYTES, ROW_VERDICTS, RUN_HERE, SIDE_ERROR,
+    SPECULATION_INACTIVE, check_table, is_run_here, load_table, save_table,
 )
 SIDE_FIELDS = ("verdict", "p_value", "tokens", "generations", "detectable_tv", "needed_tokens", "distortion", "distortion_low",
                "distortion_high", "worst_position", "worst_position_p", "impossible", "stopped_short", "reasons", "file", "sha256", "audit_id",
@@ -41,6 +44,10 @@ CHUNK = 16  # generations written per step: a stopped run loses at most this man
 BATCH = 64  # seeds per step for a generator that batches them (rows of one batch)
 # Set when the command is interrupted: sides filled side by side (threads) end at their next request.
 STOP = threading.Event()
+
+
+class EngineFailure(RuntimeError):
+    """The engine raised while generating (its message kept): the side's outcome, not the command's error."""
 
 
 @dataclass
@@ -99,20 +106,25 @@ def fill(job: Job, tokens_wanted: int, eos: set[int], engine_label: str,
             text, prompt_ids = job.prompts[(next_seed - first_seed) // step % len(job.prompts)]
             chunks.append((text, prompt_ids, list(range(next_seed, next_seed + step))))
             next_seed += step
-        if job.submit is not None:
-            futures = [job.submit(list(prompt_ids), seeds) for _, prompt_ids, seeds in chunks]
-            outputs = [future.result() for future in futures]
-        elif job.collect is None:
-            batch = getattr(job.generator, "batch", None)
-            outputs = [_generate_chunk(job.generator, batch, prompt_ids, seeds) for _, prompt_ids, seeds in chunks]
+        try:  # an in-process engine's own work: what it raises is its outcome (EngineFailure), not this command's
+            if job.submit is not None:
+                futures = [job.submit(list(prompt_ids), seeds) for _, prompt_ids, seeds in chunks]
+                outputs = [future.result() for future in futures]
+            elif job.collect is None:
+                batch = getattr(job.generator, "batch", None)
+                outputs = [_generate_chunk(job.generator, batch, prompt_ids, seeds) for _, prompt_ids, seeds in chunks]
+        except KeyboardInterrupt:
+            raise
+        except Exception as error:
+            raise EngineFailure(f"{engine_label} raised at seeds {chunks[0][2][0]}…: {type(error).__name__}: {error}") from error
         fresh = []
         for index, (text, prompt_ids, seeds) in enumerate(chunks):
-            if job.collect is not None:
+            if job.collect is not None:  # a server's own errors (one it cannot reach among them) stay the command's
                 fresh += job.collect(text, prompt_ids, seeds)
                 continue
             for seed, output in zip(seeds, outputs[index]):
                 if isinstance(output, Exception):
-                    raise RuntimeError(f"{engine_label} crashed at seed {seed}: {output}") from output
+                    raise EngineFailure(f"{engine_label} crashed at seed {seed}: {output}") from output
                 ended = next((place for place, token in enumerate(output) if token in eos), None)
                 output = output if ended is None else output[: ended + 1]
                 fresh.append(Sample(prompt=text, token_ids=[int(token) for token in output], temperature=job.policy.temperature,
@@ -153,10 +165,40 @@ def side_evidence(result: dict[str, Any], path: Path, audit_id: str | None, gene
 
 
 def row_verdict(on: dict[str, Any], off: dict[str, Any]) -> str:
-    """The row's verdict: speculation on's, unless the control (off, same settings) failed."""
+    """The row's verdict: ``ENGINE_ERROR`` when either side's engine raised or gave what cannot be
+    audited; ``CONTROL_FAILED`` when the control (off, same settings) failed; ``SPECULATION_INACTIVE``
+    when speculation on did not fail but the engine's own counters say it drafted or accepted
+    nothing (so speculation was never tested); else speculation on's verdict."""
+    if SIDE_ERROR in (on.get("verdict"), off.get("verdict")):
+        return ENGINE_ERROR
     if off.get("verdict") == "fail":
         return CONTROL_FAILED
+    counters = on.get("speculation") or {}
+    if on.get("verdict") != "fail" and (counters.get("drafted") == 0 or counters.get("accepted") == 0):
+        return SPECULATION_INACTIVE
     return str(on.get("verdict"))
+
+
+def error_side(error: BaseException, path: Path, generation_s: float) -> dict[str, Any]:
+    """A side whose engine raised (or whose output cannot be audited): verdict ``error``, the message
+    on one line, and the file it had written so far (its hash), which is the evidence of where."""
+    said = str(error) if isinstance(error, EngineFailure) else f"{type(error).__name__}: {error}"
+    message = " ".join(said.split())[:MAX_REASON]
+    side: dict[str, Any] = {"verdict": SIDE_ERROR, "error": message, "reasons": [message],
+                            "generation_s": round(generation_s, 1)}
+    if path.is_file() and not path.is_symlink():
+        side.update(file=path.name, sha256=sha256(path))
+    return side
+
+
+def engine_counters(job: "Job") -> dict[str, Any] | None:
+    """The engine's own count of drafted and accepted tokens for this side's generations, where its
+    generator keeps one (``generator.counters``: a dict it updates), as the table keeps it."""
+    counters = getattr(job.generator, "counters", None) if job.generator is not None else None
+    if not isinstance(counters, dict):
+        return None
+    kept = {name: int(counters[name]) for name in ("drafted", "accepted", "generations") if isinstance(counters.get(name), int)}
+    return {**kept, "source": str(counters.get("source") or "the engine's counters")[:200]}
 
 
 def row_key(engine: str, policy_name: str) -> str:
@@ -197,11 +239,14 @@ def run_row(job_on: Job, job_off: Job, auditor: Auditor, eos: set[int], *, detec
     started = time.perf_counter()
     wanted = needed_tokens(detect_tv, level)
 
-    def generate(job: Job) -> tuple[list[Sample], float]:
+    def generate(job: Job) -> tuple[list[Sample] | Exception, float]:
         name = "on" if job.speculative else "off"
         began = time.perf_counter()
         report = None if progress is None else (lambda done, total: progress(name, done, total))
-        samples = fill(job, wanted, eos, f"{job.row.label} (speculation {name})", report)
+        try:
+            samples: list[Sample] | Exception = fill(job, wanted, eos, f"{job.row.label} (speculation {name})", report)
+        except EngineFailure as error:  # the engine raised: a verdict too (ENGINE_ERROR), with its message
+            samples = error
         return samples, time.perf_counter() - began
 
     jobs = (job_on, job_off)
@@ -220,11 +265,18 @@ def run_row(job_on: Job, job_off: Job, auditor: Auditor, eos: set[int], *, detec
     sides = {}
     for job, (samples, generation_s) in zip(jobs, generated):
         name = "on" if job.speculative else "off"
+        if isinstance(samples, Exception):
+            sides[name] = error_side(samples, job.path, generation_s)
+            continue
         known = (audited or {}).get(sha256(job.path))
         if known is not None and known.get("detect_tv") == detect_tv and known.get("level") == level:
             sides[name] = known["evidence"]  # a control shared with an earlier row: the same file, audited once
             continue
-        result = auditor(samples, job.path.name)
+        try:
+            result = auditor(samples, job.path.name)
+        except SamplesError as error:  # e.g. ids outside the target's vocabulary: what the engine gave cannot be audited
+            sides[name] = error_side(error, job.path, generation_s)
+            continue
         for _ in range(3):  # lines the audit left out (a text whose ids are unknown) are made up for, with a margin
             held = sum(len(sample.token_ids) for sample in samples)
             if (result.get("tokens") or 0) >= wanted or held < wanted:
@@ -237,6 +289,9 @@ def run_row(job_on: Job, job_off: Job, auditor: Auditor, eos: set[int], *, detec
         result["implementation"] = f"{job.row.label} (speculation {name})" if job.speculative else f"{job.control} (speculation off)"
         audit_id = store.add_audit(result, summary_line(result)) if store is not None else None
         sides[name] = side_evidence(result, job.path, audit_id, generation_s)
+        counters = engine_counters(job)
+        if counters is not None:
+            sides[name]["speculation"] = counters
         if audited is not None:
             audited[sides[name]["sha256"]] = {"detect_tv": detect_tv, "level": level, "evidence": sides[name]}
     return {

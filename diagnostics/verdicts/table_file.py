@@ -27,7 +27,15 @@ from pathlib import Path
 from typing import Any
 
 CONTROL_FAILED = "control failed: settings not matched"
-ROW_VERDICTS = ("pass", "fail", "inconclusive", CONTROL_FAILED)
+# A side whose engine raised, or gave what cannot be audited (ids outside the vocabulary): its
+# verdict is "error" with the message, and the row's is ENGINE_ERROR, distinct from pass and fail.
+SIDE_ERROR = "error"
+ENGINE_ERROR = "engine error"
+# A speculative side whose engine's own counters say it drafted or accepted nothing: whatever the
+# audit says, speculation was not tested (a pass would only mean plain sampling is right).
+SPECULATION_INACTIVE = "speculation inactive"
+ROW_VERDICTS = ("pass", "fail", "inconclusive", CONTROL_FAILED, ENGINE_ERROR, SPECULATION_INACTIVE)
+SIDE_VERDICTS = ("pass", "fail", "inconclusive", SIDE_ERROR)
 RUN_HERE = "run here"  # the provenance of a row this lab made; any other is an import's
 MAX_TABLE_BYTES = 4 * 2**20
 MAX_ROWS = 1000
@@ -45,7 +53,10 @@ SIDE_RANGES = {
     "stopped_short": _COUNT, "worst_position": _COUNT, "time_s": _SECONDS, "generation_s": _SECONDS,
 }
 SIDE_TEXT = ("file", "audit_id", "audit_id_elsewhere")  # audit_id_elsewhere: an imported side's audit, in its maker's store
-SIDE_KEYS = frozenset({"verdict", "sha256", "reasons", *SIDE_RANGES, *SIDE_TEXT})
+# The engine's own counters of one side's run (``speculation``): drafted and accepted tokens over
+# the generations it counted, and where the figures come from (its metrics, its timings …).
+COUNTER_FIELDS = ("drafted", "accepted", "generations")
+SIDE_KEYS = frozenset({"verdict", "sha256", "reasons", "error", "speculation", *SIDE_RANGES, *SIDE_TEXT})
 ROW_TEXT = {"engine": MAX_TEXT, "label": MAX_TEXT, "version": MAX_TEXT, "policy": MAX_TEXT, "verdict": MAX_TEXT}
 ROW_OPTIONAL_TEXT = {"target": MAX_TEXT, "oracle": MAX_TEXT, "note": MAX_NOTE, "provenance": MAX_NOTE}
 ROW_KEYS = frozenset({*ROW_TEXT, *ROW_OPTIONAL_TEXT, "settings", "on", "off", "time_s"})
@@ -231,8 +242,13 @@ def _side_problem(side: str, evidence: Any) -> str | None:
     unknown = sorted(str(key) for key in evidence if key not in SIDE_KEYS)
     if unknown:
         return f"{side}.{unknown[0][:40]} is not a field of a side (known: {', '.join(sorted(SIDE_KEYS))})"
-    if evidence.get("verdict") not in ("pass", "fail", "inconclusive"):
-        return f"{side}.verdict must be pass, fail or inconclusive"
+    if evidence.get("verdict") not in SIDE_VERDICTS:
+        return f"{side}.verdict must be pass, fail, inconclusive or error"
+    if evidence["verdict"] == SIDE_ERROR and not (isinstance(evidence.get("error"), str) and evidence["error"]):
+        return f"{side}.error must say what the engine did (a side whose verdict is error)"
+    problem = _text_problem(f"{side}.error", evidence.get("error"), MAX_REASON) or _counters_problem(side, evidence.get("speculation"))
+    if problem:
+        return problem
     for name, kind in SIDE_RANGES.items():
         problem = _range_problem(f"{side}.{name}", evidence.get(name), kind)
         if problem:
@@ -249,6 +265,21 @@ def _side_problem(side: str, evidence: Any) -> str | None:
                                     and all(isinstance(reason, str) and len(reason) <= MAX_REASON for reason in reasons)):
         return f"{side}.reasons must be a list of at most {MAX_REASONS} texts of at most {MAX_REASON} characters"
     return None
+
+
+def _counters_problem(side: str, counters: Any) -> str | None:
+    """Why ``counters`` (a side's ``speculation``) are not the engine's counters, or ``None``."""
+    if counters is None:
+        return None
+    if not isinstance(counters, dict) or set(counters) - {*COUNTER_FIELDS, "source"}:
+        return f"{side}.speculation must be {{\"drafted\", \"accepted\", \"generations\", \"source\"}}"
+    for name in COUNTER_FIELDS:
+        problem = _range_problem(f"{side}.speculation.{name}", counters.get(name), _COUNT)
+        if problem:
+            return problem
+    if isinstance(counters.get("drafted"), int) and isinstance(counters.get("accepted"), int) and counters["accepted"] > counters["drafted"]:
+        return f"{side}.speculation accepts more tokens than it drafted"
+    return _text_problem(f"{side}.speculation.source", counters.get("source"), MAX_TEXT)
 
 
 def _row_problem(row: Any) -> str | None:
