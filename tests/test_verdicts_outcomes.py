@@ -124,3 +124,37 @@ def test_the_table_refuses_outcomes_without_their_evidence() -> None:
     assert "accepts more tokens than it drafted" in check({"rows": [bad]})
     worse = {**base, "verdict": "pass", "on": {"verdict": "pass", "speculation": {"drafted": -1}}}
     assert "whole number" in check({"rows": [worse]})
+
+
+def test_counters_are_kept_only_where_they_watched_this_sides_generations(tmp_path: Path) -> None:
+    """Everyday, < 0.01 s: no counters where workers generated (this process's generator counted
+    nothing) or where nothing was generated here (a resumed side); otherwise the engine's own."""
+    from diagnostics.verdicts.table import engine_counters
+
+    def generator(prompt_ids, seed):
+        return []
+
+    generator.counters = {"drafted": 0, "accepted": 0, "generations": 0}
+    job = Job(ROW, "t1", POLICIES["t1"], True, [("p", [1])], 4, tmp_path / "on.jsonl", generator=generator)
+    assert engine_counters(job) is None  # nothing generated here
+    generator.counters.update(drafted=9, accepted=4, generations=3)
+    assert engine_counters(job) == {"drafted": 9, "accepted": 4, "generations": 3, "source": "the engine's counters"}
+    job.submit = lambda prompt_ids, seeds: None
+    assert engine_counters(job) is None  # worker processes generated: their counts are not this process's
+
+
+def test_our_engine_counts_what_it_drafted_and_accepted() -> None:
+    """Everyday, ~1 s: the lab's own engine's generator keeps drafted and accepted tokens, one-by-one
+    and batched alike; without a draft it drafts nothing."""
+    from diagnostics.audit.engine_level import engine_generator
+    from diagnostics.audit.suite import tiny_setup
+
+    setup = tiny_setup()
+    speculative = engine_generator(setup.target, setup.draft, 10, gamma=3)
+    speculative(setup.prompt_ids, 1)
+    speculative.batch(setup.prompt_ids, [2, 3])
+    counts = speculative.counters
+    assert counts["generations"] == 3 and counts["drafted"] > 0 and 0 <= counts["accepted"] <= counts["drafted"]
+    plain = engine_generator(setup.target, None, 10)
+    plain(setup.prompt_ids, 1)
+    assert (plain.counters["drafted"], plain.counters["generations"]) == (0, 1)

@@ -308,17 +308,27 @@ def engine_generator(target, draft, max_new_tokens: int, policy=None, **settings
     from diagnostics.policy import Policy
 
     policy = policy or Policy()
+    # The engine's own count of what it drafted and accepted (``RunResult``), over every generation
+    # this generator made: the verdict table's proof that speculation ran (``verdicts.table``).
+    counters = {"drafted": 0, "accepted": 0, "generations": 0, "source": "this lab's engine (its run results)"}
+
+    def counted(result):
+        counters["drafted"] += int(result.drafted)
+        counters["accepted"] += int(result.accepted)
+        counters["generations"] += 1
+        return result.tokens
 
     def run(prompt_ids: list[int], seed: int) -> list[int]:
-        return generate(target, draft, prompt_ids, max_new_tokens=max_new_tokens, seed=seed, record=False,
-                        policy=policy, **settings).tokens
+        return counted(generate(target, draft, prompt_ids, max_new_tokens=max_new_tokens, seed=seed, record=False,
+                                policy=policy, **settings))
 
     def batch(prompt_ids: list[int], seeds: list[int]) -> list[list[int]]:
         options = dict(settings)
         rule = options.pop("rule", "lossless")
         runs = generate_batch(target, draft, [prompt_ids] * len(seeds), rule, seeds, max_new_tokens=max_new_tokens,
                               record=False, policies=policy, **options)
-        return [run.tokens for run in runs]
+        return [counted(result) for result in runs]
 
     run.batch = batch  # type: ignore[attr-defined]
+    run.counters = counters  # type: ignore[attr-defined]
     return run

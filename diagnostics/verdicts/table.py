@@ -194,8 +194,11 @@ def error_side(error: BaseException, path: Path, generation_s: float) -> dict[st
 def engine_counters(job: "Job") -> dict[str, Any] | None:
     """The engine's own count of drafted and accepted tokens for this side's generations, where its
     generator keeps one (``generator.counters``: a dict it updates), as the table keeps it."""
-    counters = getattr(job.generator, "counters", None) if job.generator is not None else None
-    if not isinstance(counters, dict):
+    # Not where worker processes generated (``submit``: this process's generator counted nothing),
+    # nor when this command generated nothing (a resumed side): zero counts there would say
+    # "speculation inactive" of an engine that was never watched.
+    counters = getattr(job.generator, "counters", None) if job.generator is not None and job.submit is None else None
+    if not isinstance(counters, dict) or not isinstance(counters.get("generations"), int) or counters["generations"] < 1:
         return None
     kept = {name: int(counters[name]) for name in ("drafted", "accepted", "generations") if isinstance(counters.get(name), int)}
     return {**kept, "source": str(counters.get("source") or "the engine's counters")[:200]}
