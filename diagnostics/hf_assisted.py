@@ -37,3 +37,38 @@ def assistant_settings(assistant: Any, settings: dict[str, Any] | None) -> Itera
     finally:
         for name, value in saved.items():
             setattr(config, name, value)
+
+
+@contextmanager
+def counting_drafts(counters: dict[str, Any]) -> Iterator[None]:
+    """Count, in ``counters["drafted"]`` and ``counters["accepted"]``, the tokens transformers'
+    assisted generation drafts and keeps inside the block: each candidate generator ``generate``
+    makes (assistant model, prompt lookup, early exit, universal) is wrapped where it is made, its
+    ``get_candidates`` adding ``len(candidates) − len(input)`` and its ``update_candidate_strategy``
+    the ``n_matches`` verification kept. The engine's own figures, for the verdict table's proof
+    that speculation ran; one generation at a time (batch rows would be summed)."""
+    from transformers.generation.utils import GenerationMixin
+
+    original = GenerationMixin._get_candidate_generator
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        generator = original(self, *args, **kwargs)
+        get_candidates, update = generator.get_candidates, generator.update_candidate_strategy
+
+        def candidates(input_ids: Any, *more: Any, **options: Any) -> Any:
+            candidate_ids, logits = get_candidates(input_ids, *more, **options)
+            counters["drafted"] += int(candidate_ids.shape[-1] - input_ids.shape[-1])
+            return candidate_ids, logits
+
+        def strategy(input_ids: Any, scores: Any, num_matches: Any, *more: Any, **options: Any) -> Any:
+            counters["accepted"] += int(num_matches)
+            return update(input_ids, scores, num_matches, *more, **options)
+
+        generator.get_candidates, generator.update_candidate_strategy = candidates, strategy
+        return generator
+
+    GenerationMixin._get_candidate_generator = counted
+    try:
+        yield
+    finally:
+        GenerationMixin._get_candidate_generator = original

@@ -56,6 +56,10 @@ def test_a_real_engines_row_end_to_end_with_its_control_evidence_and_resume(mode
     [row] = table["rows"]
     assert row["version"].startswith("transformers ") and row["settings"]["num_assistant_tokens"] == 4
     assert row["settings"]["temperature"] == 1.0 and row["settings"]["top_k"] is None and row["settings"]["prompts"] == [PROMPT]
+    # transformers' own counters prove speculation ran on the on side (the control keeps none)
+    counts = row["on"]["speculation"]
+    assert counts["generations"] == row["on"]["generations"] and 0 < counts["accepted"] <= counts["drafted"], counts
+    assert "speculation" not in row["off"]
     store = Store(tmp_path / "audits.duckdb", read_only=True)
     for side, speculative in (("on", True), ("off", False)):
         evidence = row[side]

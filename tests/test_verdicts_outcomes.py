@@ -127,8 +127,9 @@ def test_the_table_refuses_outcomes_without_their_evidence() -> None:
 
 
 def test_counters_are_kept_only_where_they_watched_this_sides_generations(tmp_path: Path) -> None:
-    """Everyday, < 0.01 s: no counters where workers generated (this process's generator counted
-    nothing) or where nothing was generated here (a resumed side); otherwise the engine's own."""
+    """Everyday, < 0.01 s: no counters where nothing was generated and counted here (a resumed side,
+    or workers whose chunks carried no counts); a worker's chunks' counts are summed; otherwise the
+    generator's own."""
     from diagnostics.verdicts.table import engine_counters
 
     def generator(prompt_ids, seed):
@@ -140,7 +141,13 @@ def test_counters_are_kept_only_where_they_watched_this_sides_generations(tmp_pa
     generator.counters.update(drafted=9, accepted=4, generations=3)
     assert engine_counters(job) == {"drafted": 9, "accepted": 4, "generations": 3, "source": "the engine's counters"}
     job.submit = lambda prompt_ids, seeds: None
-    assert engine_counters(job) is None  # worker processes generated: their counts are not this process's
+    assert engine_counters(job) is None  # worker processes generated nothing that was counted
+    from diagnostics.verdicts.table import _worker_outputs
+
+    for _ in range(2):  # two workers' chunks, each with its counts: summed
+        assert _worker_outputs(job, {"outputs": [[1]], "counters": {"drafted": 5, "accepted": 2, "generations": 1,
+                                                                   "source": "a worker"}}) == [[1]]
+    assert engine_counters(job) == {"drafted": 10, "accepted": 4, "generations": 2, "source": "a worker"}
 
 
 def test_our_engine_counts_what_it_drafted_and_accepted() -> None:
@@ -158,3 +165,25 @@ def test_our_engine_counts_what_it_drafted_and_accepted() -> None:
     plain = engine_generator(setup.target, None, 10)
     plain(setup.prompt_ids, 1)
     assert (plain.counters["drafted"], plain.counters["generations"]) == (0, 1)
+
+
+def test_transformers_assisted_generation_counts_its_drafts(tmp_path: Path) -> None:
+    """Everyday, ~3 s: each transformers row's generator (assistant, its defaults, heuristic, prompt
+    lookup, early exit) counts what its candidate generator drafted and verification kept; the
+    plain control keeps no counters; generate's class is left as it was."""
+    from transformers.generation.utils import GenerationMixin
+
+    from diagnostics.verdicts.engines import TRANSFORMERS_ROWS, transformers_generator
+
+    target = load_model(save_tiny_model(tmp_path / "t", seed=0, vocab=12))
+    draft = load_model(save_tiny_model(tmp_path / "d", seed=1, vocab=12))
+    eos = eos_ids(target, None)
+    before = GenerationMixin._get_candidate_generator
+    for row in (row for row in TRANSFORMERS_ROWS if row.kind == "transformers"):
+        generator = transformers_generator(row, target, draft, 1, POLICIES["t1"], 8, eos, True)
+        for seed in range(2):
+            generator([1, 2, 3, 1, 2], seed)
+        counts = generator.counters
+        assert counts["generations"] == 2 and counts["drafted"] > 0 and 0 <= counts["accepted"] <= counts["drafted"], (row.name, counts)
+    assert GenerationMixin._get_candidate_generator is before
+    assert not hasattr(transformers_generator(TRANSFORMERS_ROWS[0], target, draft, 1, POLICIES["t1"], 8, eos, False), "counters")

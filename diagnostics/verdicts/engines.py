@@ -85,7 +85,7 @@ def transformers_generator(row: EngineRow, target: Any, assistant: Any, early_ex
                            max_tokens: int, eos: set[int], speculative: bool) -> Callable[[list[int], int], list[int]]:
     """transformers ``generate`` as ``row`` runs it (speculation on), or plain sampling under the
     same settings (off: batched over seeds, one prompt, so no padding)."""
-    from diagnostics.hf_assisted import assistant_settings
+    from diagnostics.hf_assisted import assistant_settings, counting_drafts
 
     sampling = {**_sampling(policy), "max_new_tokens": max_tokens, "eos_token_id": sorted(eos), "pad_token_id": min(eos)}
 
@@ -96,13 +96,18 @@ def transformers_generator(row: EngineRow, target: Any, assistant: Any, early_ex
             return {"assistant_early_exit": early_exit_layer}
         return {"assistant_model": assistant.model}
 
+    # transformers' own count of drafted and kept tokens (``counting_drafts``): the verdict table's
+    # proof that speculation ran; the plain control drafts nothing.
+    counters = {"drafted": 0, "accepted": 0, "generations": 0, "source": "transformers' candidate generator"}
+
     def run(prompt_ids: list[int], seed: int) -> list[int]:
         torch.manual_seed(seed)
         ids = torch.tensor([prompt_ids], device=target.device)
         options = extra() if speculative else {}
         drafting = _assistant_fields(row) if speculative and "assistant_model" in options else None
-        with assistant_settings(assistant.model, drafting), torch.inference_mode():
+        with assistant_settings(assistant.model, drafting), counting_drafts(counters), torch.inference_mode():
             output = target.model.generate(ids, attention_mask=torch.ones_like(ids), **sampling, **options)
+        counters["generations"] += 1
         return output[0, len(prompt_ids):].tolist()
 
     def batch(prompt_ids: list[int], seeds: list[int]) -> list[list[int]]:
@@ -114,6 +119,8 @@ def transformers_generator(row: EngineRow, target: Any, assistant: Any, early_ex
 
     if not speculative:
         run.batch = batch  # type: ignore[attr-defined]
+    else:
+        run.counters = counters  # type: ignore[attr-defined]
     return run
 
 

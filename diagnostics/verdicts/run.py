@@ -123,14 +123,23 @@ def cached_setup(spec: SetupSpec) -> Setup:
 def worker_chunk(spec: SetupSpec, row_name: str, policy: Policy, max_tokens: int, speculative: bool, prompt_ids: list[int],
                  seeds: list[int]) -> list:
     """One chunk of seeds generated in a worker process (``--workers``): each seed's tokens, or the
-    exception it raised; the same tokens the command's own process gives for those seeds."""
+    exception it raised; the same tokens the command's own process gives for those seeds. Where the
+    engine counts its drafts, ``{"outputs": …, "counters": this chunk's counts}``."""
     from diagnostics.audit.engine_level import _generate_chunk
 
     key = (spec, row_name, policy, max_tokens)
     if key not in _GENERATORS:
         _GENERATORS[key] = _generators(engine_rows()[row_name], cached_setup(spec), policy, max_tokens)
     generator = _GENERATORS[key][0 if speculative else 1]
-    return _generate_chunk(generator, getattr(generator, "batch", None), prompt_ids, seeds)
+    counters = getattr(generator, "counters", None)
+    before = dict(counters) if isinstance(counters, dict) else None
+    outputs = _generate_chunk(generator, getattr(generator, "batch", None), prompt_ids, seeds)
+    if before is None:
+        return outputs
+    # The engine's counters for this chunk alone (the generator lives on in this worker): the verdict
+    # table's proof that speculation ran, summed over the workers' chunks (``table.fill``).
+    delta = {name: counters[name] - before[name] for name in ("drafted", "accepted", "generations")}
+    return {"outputs": outputs, "counters": {**delta, "source": counters.get("source")}}
 
 
 def _one_thread() -> None:

@@ -65,6 +65,7 @@ class Job:
     generator: Callable[[list[int], int], list[int]] | None = None  # in-process engines
     collect: Callable[..., list[Sample]] | None = None  # server engines: (prompt, prompt_ids, seeds) -> samples
     submit: Callable[[list[int], list[int]], Any] | None = None  # (prompt_ids, seeds) -> a future of the chunk's outputs
+    worker_counters: dict[str, Any] | None = None  # the engine's counts summed over the workers' chunks (``submit``)
     workers: int = 1  # chunks generated at once through ``submit``
 
 
@@ -109,7 +110,7 @@ def fill(job: Job, tokens_wanted: int, eos: set[int], engine_label: str,
         try:  # an in-process engine's own work: what it raises is its outcome (EngineFailure), not this command's
             if job.submit is not None:
                 futures = [job.submit(list(prompt_ids), seeds) for _, prompt_ids, seeds in chunks]
-                outputs = [future.result() for future in futures]
+                outputs = [_worker_outputs(job, future.result()) for future in futures]
             elif job.collect is None:
                 batch = getattr(job.generator, "batch", None)
                 outputs = [_generate_chunk(job.generator, batch, prompt_ids, seeds) for _, prompt_ids, seeds in chunks]
@@ -137,6 +138,18 @@ def fill(job: Job, tokens_wanted: int, eos: set[int], engine_label: str,
         if progress is not None:
             progress(min(tokens, tokens_wanted), tokens_wanted)
     return samples
+
+
+def _worker_outputs(job: Job, result: Any) -> list:
+    """A worker's chunk (``run.worker_chunk``): its outputs, its engine counters added to the job's."""
+    if not isinstance(result, dict):
+        return result
+    counts = result.get("counters") or {}
+    if job.worker_counters is None:
+        job.worker_counters = {"drafted": 0, "accepted": 0, "generations": 0, "source": counts.get("source")}
+    for name in ("drafted", "accepted", "generations"):
+        job.worker_counters[name] += int(counts.get(name) or 0)
+    return result["outputs"]
 
 
 def _check_continuable(job: Job, samples: list[Sample]) -> None:
@@ -194,10 +207,13 @@ def error_side(error: BaseException, path: Path, generation_s: float) -> dict[st
 def engine_counters(job: "Job") -> dict[str, Any] | None:
     """The engine's own count of drafted and accepted tokens for this side's generations, where its
     generator keeps one (``generator.counters``: a dict it updates), as the table keeps it."""
-    # Not where worker processes generated (``submit``: this process's generator counted nothing),
-    # nor when this command generated nothing (a resumed side): zero counts there would say
-    # "speculation inactive" of an engine that was never watched.
-    counters = getattr(job.generator, "counters", None) if job.generator is not None and job.submit is None else None
+    # Where worker processes generated (``submit``), their chunks' counts (this process's generator
+    # counted nothing); none when this command generated nothing (a resumed side): zero counts there
+    # would say "speculation inactive" of an engine that was never watched.
+    if job.submit is not None:
+        counters = job.worker_counters
+    else:
+        counters = getattr(job.generator, "counters", None) if job.generator is not None else None
     if not isinstance(counters, dict) or not isinstance(counters.get("generations"), int) or counters["generations"] < 1:
         return None
     kept = {name: int(counters[name]) for name in ("drafted", "accepted", "generations") if isinstance(counters.get(name), int)}

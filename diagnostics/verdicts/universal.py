@@ -162,7 +162,7 @@ def universal_generator(target: Any, assistant: Any, assistant_tokenizer: Any, p
     ``hf_assisted.ASSISTANT_FIELDS`` (default: fixed γ = ``engines.GAMMA``, constant schedule, no
     confidence stop, as the ``transformers-assistant`` row). ``speculative=False``: the plain-sampling
     control of the transformers rows (batched over seeds), for the row's off column."""
-    from diagnostics.hf_assisted import assistant_settings, fixed_gamma
+    from diagnostics.hf_assisted import assistant_settings, counting_drafts, fixed_gamma
     from diagnostics.verdicts.engines import GAMMA, TRANSFORMERS_ROWS, _sampling, transformers_generator
 
     if not speculative:
@@ -181,14 +181,18 @@ def universal_generator(target: Any, assistant: Any, assistant_tokenizer: Any, p
                                                  assistant_model=assistant, assistant_prune_lm_head=True)
     sampling = {**_sampling(policy), "max_new_tokens": max_tokens, "eos_token_id": sorted(eos), "pad_token_id": min(eos)}
 
+    counters = {"drafted": 0, "accepted": 0, "generations": 0, "source": "transformers' candidate generator"}
+
     def run(prompt_ids: list[int], seed: int) -> list[int]:
         torch.manual_seed(seed)
         ids = torch.tensor([prompt_ids], device=target.device)
-        with assistant_settings(assistant, drafting), torch.inference_mode():
+        with assistant_settings(assistant, drafting), counting_drafts(counters), torch.inference_mode():
             output = target.model.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=assistant,
                                            tokenizer=target.tokenizer, assistant_tokenizer=assistant_tokenizer, **sampling)
+        counters["generations"] += 1
         return output[0, len(prompt_ids):].tolist()
 
+    run.counters = counters  # type: ignore[attr-defined]  (the verdict table's proof that speculation ran)
     return run
 
 
