@@ -187,3 +187,21 @@ def test_transformers_assisted_generation_counts_its_drafts(tmp_path: Path) -> N
         assert counts["generations"] == 2 and counts["drafted"] > 0 and 0 <= counts["accepted"] <= counts["drafted"], (row.name, counts)
     assert GenerationMixin._get_candidate_generator is before
     assert not hasattr(transformers_generator(TRANSFORMERS_ROWS[0], target, draft, 1, POLICIES["t1"], 8, eos, False), "counters")
+
+
+def test_llama_cpp_answers_state_their_drafts_and_the_committed_rows_drafted() -> None:
+    """Everyday, ~0.5 s: llama.cpp's answers carry ``timings.draft_n`` and ``draft_n_accepted``; summed
+    over the committed llama-server evidence they show speculation ran (16,063 drafted, 1,650 kept at
+    t1), the plain control states none, and a forged count (more kept than drafted) is not counted."""
+    from diagnostics.audit.samples import Sample, load_samples
+    from diagnostics.verdicts.table import answer_counters
+
+    folder = Path(__file__).resolve().parents[1] / "docs" / "verdicts"
+    on = answer_counters(load_samples(folder / "llama-server--t1--on.jsonl"))
+    assert (on["drafted"], on["accepted"], on["generations"]) == (16_063, 1_650, 336)
+    assert answer_counters(load_samples(folder / "llama-server-plain--t1--off.jsonl")) is None
+    forged = [Sample(prompt="p", token_ids=[1], temperature=1.0, raw={"timings": {"draft_n": 2, "draft_n_accepted": 9}})]
+    assert answer_counters(forged) is None
+    idle = [Sample(prompt="p", token_ids=[1], temperature=1.0, raw={"timings": {"draft_n": 0, "draft_n_accepted": 0}})]
+    assert answer_counters(idle) == {"drafted": 0, "accepted": 0, "generations": 1,
+                                     "source": "llama.cpp's timings (draft_n, draft_n_accepted) in each answer"}

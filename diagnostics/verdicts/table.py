@@ -204,6 +204,25 @@ def error_side(error: BaseException, path: Path, generation_s: float) -> dict[st
     return side
 
 
+def answer_counters(samples: list[Sample]) -> dict[str, Any] | None:
+    """The engine's counters as its own answers state them, summed over the side's generations:
+    llama.cpp's ``/completion`` reports ``timings.draft_n`` and ``timings.draft_n_accepted`` with
+    each answer (kept in the line's ``raw``). ``None`` when no answer states them. Read from the
+    evidence file itself, so a committed row's counters can be checked by anyone."""
+    drafted = accepted = counted = 0
+    for sample in samples:
+        timings = sample.raw.get("timings") if isinstance(sample.raw, dict) else None
+        if not isinstance(timings, dict):
+            continue
+        draft_n, kept = timings.get("draft_n"), timings.get("draft_n_accepted")
+        if isinstance(draft_n, int) and isinstance(kept, int) and not isinstance(draft_n, bool) and 0 <= kept <= draft_n:
+            drafted, accepted, counted = drafted + draft_n, accepted + kept, counted + 1
+    if not counted:
+        return None
+    return {"drafted": drafted, "accepted": accepted, "generations": counted,
+            "source": "llama.cpp's timings (draft_n, draft_n_accepted) in each answer"}
+
+
 def engine_counters(job: "Job") -> dict[str, Any] | None:
     """The engine's own count of drafted and accepted tokens for this side's generations, where its
     generator keeps one (``generator.counters``: a dict it updates), as the table keeps it."""
@@ -308,7 +327,7 @@ def run_row(job_on: Job, job_off: Job, auditor: Auditor, eos: set[int], *, detec
         result["implementation"] = f"{job.row.label} (speculation {name})" if job.speculative else f"{job.control} (speculation off)"
         audit_id = store.add_audit(result, summary_line(result)) if store is not None else None
         sides[name] = side_evidence(result, job.path, audit_id, generation_s)
-        counters = engine_counters(job)
+        counters = engine_counters(job) or (answer_counters(samples) if job.speculative else None)
         if counters is not None:
             sides[name]["speculation"] = counters
         if audited is not None:
