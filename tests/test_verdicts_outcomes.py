@@ -205,3 +205,17 @@ def test_llama_cpp_answers_state_their_drafts_and_the_committed_rows_drafted() -
     idle = [Sample(prompt="p", token_ids=[1], temperature=1.0, raw={"timings": {"draft_n": 0, "draft_n_accepted": 0}})]
     assert answer_counters(idle) == {"drafted": 0, "accepted": 0, "generations": 1,
                                      "source": "llama.cpp's timings (draft_n, draft_n_accepted) in each answer"}
+
+
+def test_the_committed_tables_counters_are_its_evidences() -> None:
+    """Everyday, ~1 s: every committed row whose counters come from llama.cpp's answers states exactly
+    what its evidence file's answers sum to (a table's figures are decided by its evidence)."""
+    from diagnostics.audit.samples import load_samples
+    from diagnostics.verdicts.table import answer_counters, evidence_file
+    from diagnostics.verdicts.table_file import load_table
+
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    rows = [row for row in load_table(docs / "verdicts.json")["rows"] if "llama.cpp's timings" in str(row["on"].get("speculation"))]
+    assert len(rows) == 2
+    for row in rows:
+        assert row["on"]["speculation"] == answer_counters(load_samples(evidence_file(row, "on", docs / "verdicts")))
