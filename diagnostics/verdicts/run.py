@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from diagnostics.policy import Policy
-from diagnostics.verdicts.engines import GAMMA, POLICIES, TRANSFORMERS_ROWS, EngineRow, ours_generator, transformers_generator, transformers_version
+from diagnostics.verdicts.engines import ASSISTANT, GAMMA, POLICIES, TRANSFORMERS_ROWS, EngineRow, ours_generator, transformers_generator, transformers_version
 from diagnostics.verdicts.table import (Job, audited_controls, load_table, run_row, save_table, scores_auditor, stored_row,
                                         target_auditor, upsert)
 
@@ -24,10 +25,22 @@ LLAMA_CPP = EngineRow("llama-cpp-python", "llama-cpp-python server, prompt-looku
                       {"draft_model": "prompt-lookup-decoding", "draft_model_num_pred_tokens": 4, "n_threads": 1})
 LLAMA_SERVER = EngineRow("llama-server", "llama.cpp llama-server, draft model (-md)", "llama-server",
                          {"draft_model": "the early-exit draft as a GGUF", "draft_max": 4})
+VLLM_ROWS = [
+    EngineRow("vllm-ngram", "vLLM (CPU build), n-gram speculation", "vllm",
+              {"method": "ngram", "num_speculative_tokens": GAMMA, "prompt_lookup_max": 4, "prompt_lookup_min": 1}),
+    EngineRow("vllm-draft", "vLLM (CPU build), draft model", "vllm",
+              {"method": "draft_model", "model": ASSISTANT, "num_speculative_tokens": GAMMA}),
+]
+OPENVINO_ROWS = [
+    EngineRow("openvino-draft", "OpenVINO GenAI, draft model", "openvino", {"draft_model": ASSISTANT, "num_assistant_tokens": GAMMA}),
+    EngineRow("openvino-prompt-lookup", "OpenVINO GenAI, prompt lookup", "openvino",
+              {"prompt_lookup": True, "num_assistant_tokens": GAMMA, "max_ngram_size": 3}),
+]
+VENV_KINDS = ("vllm", "openvino")  # engines in their own environment, driven through a worker (``venv_engine``)
 ENDPOINT = "endpoint"
 # The control each kind of row shares (speculation off): its file's name.
 CONTROLS = {"transformers": "transformers-plain", "universal": "transformers-plain", "ours": "ours-plain", "mutant": "ours-plain", "server": "llama-cpp-python-plain",
-            "llama-server": "llama-server-plain"}
+            "llama-server": "llama-server-plain", "vllm": "vllm-plain", "openvino": "openvino-plain"}
 
 
 def mutant_rows() -> list[EngineRow]:
@@ -40,12 +53,14 @@ def mutant_rows() -> list[EngineRow]:
 
 def engine_rows() -> dict[str, EngineRow]:
     """Every engine ``--engine`` names, mutants included."""
-    return {row.name: row for row in [*TRANSFORMERS_ROWS, OURS, LLAMA_CPP, LLAMA_SERVER, *mutant_rows()]}
+    return {row.name: row for row in [*TRANSFORMERS_ROWS, OURS, LLAMA_CPP, LLAMA_SERVER, *VLLM_ROWS, *OPENVINO_ROWS,
+                                      *mutant_rows()]}
 
 
 def chosen_rows(names: list[str]) -> list[EngineRow]:
-    """``--engine`` values to rows: ``all`` (every real engine here), ``transformers``, ``mutants``,
-    or names; an unknown one is refused naming the choices."""
+    """``--engine`` values to rows: ``all`` (every real engine here, those in their own environment
+    aside: they are installed on demand), ``transformers``, ``vllm``, ``openvino``, ``mutants``, or
+    names; an unknown one is refused naming the choices."""
     rows = engine_rows()
     real = [*TRANSFORMERS_ROWS, OURS, LLAMA_CPP, LLAMA_SERVER]
     out: list[EngineRow] = []
@@ -56,10 +71,15 @@ def chosen_rows(names: list[str]) -> list[EngineRow]:
             out += TRANSFORMERS_ROWS
         elif name == "mutants":
             out += mutant_rows()
+        elif name == "vllm":
+            out += VLLM_ROWS
+        elif name == "openvino":
+            out += OPENVINO_ROWS
         elif name in rows:
             out.append(rows[name])
         else:
-            raise ValueError(f"unknown engine {name[:60]!r}: use all, transformers, mutants or one of {', '.join(rows)}")
+            raise ValueError(f"unknown engine {name[:60]!r}: use all, transformers, vllm, openvino, mutants or one of "
+                             f"{', '.join(rows)}")
     return list({row.name: row for row in out}.values())
 
 
@@ -74,6 +94,8 @@ class Setup:
     prompts: list[tuple[str, list[int]]]
     gguf: Path | None  # the embedded GGUF (the llama.cpp servers' model), None for another target
     name: str = ""  # the target as the table names it
+    target_source: str = ""  # what --target named (an engine in its own environment loads it itself)
+    draft_source: str | None = None  # what --draft named (None: the early exit of the target)
 
 
 def load_setup(target_spec: str, layer: int | None, prompts: list[str] | None, draft_spec: str | None = None) -> Setup:
@@ -96,7 +118,7 @@ def load_setup(target_spec: str, layer: int | None, prompts: list[str] | None, d
     texts = list(prompts or PROMPTS)
     return Setup(target, draft, layer, eos_ids(target, None),
                  [(text, encode_prompt(target, text, raw=True)) for text in texts],
-                 embedded_gguf_path() if target_spec == DEFAULT_TARGET else None, target.name)
+                 embedded_gguf_path() if target_spec == DEFAULT_TARGET else None, target.name, target_spec, draft_spec)
 
 
 @dataclass(frozen=True)
@@ -241,6 +263,10 @@ def _sources(row: EngineRow, setup: Setup, policy: Policy, max_tokens: int, stem
     the engine applies beyond the row's own)."""
     from diagnostics.verdicts.servers import endpoint_collector
 
+    if row.kind in VENV_KINDS:
+        with _venv_sources(row, setup, policy, max_tokens, stem) as sources:
+            yield sources
+        return
     if row.kind not in (ENDPOINT, "server", "llama-server"):
         generator_on, generator_off, version = _generators(row, setup, policy, max_tokens)
         yield version, False, {True: generator_on, False: generator_off}, {}
@@ -278,6 +304,60 @@ def _sources(row: EngineRow, setup: Setup, policy: Policy, max_tokens: int, stem
                               for on, url in ((True, url_on), (False, url_off))}, stated
 
 
+def _local_or_hub(spec: str) -> str:
+    return str(Path(spec).resolve()) if Path(spec).is_dir() else spec
+
+
+def engine_models(setup: Setup, needs_draft: bool) -> tuple[str, str | None]:
+    """The target and draft as an engine in its own environment loads them: Hugging Face folders
+    (the embedded target's converted copy and its early exit), or the folders or hub ids that
+    --target and --draft named."""
+    from diagnostics.models import DEFAULT_TARGET, embedded_hf_folder
+    from diagnostics.verdicts.venv_engine import draft_folder
+
+    embedded = setup.target_source == DEFAULT_TARGET
+    target = str(embedded_hf_folder()) if embedded else _local_or_hub(setup.target_source)
+    if not needs_draft:
+        return target, None
+    if setup.draft_source is not None:
+        return target, _local_or_hub(setup.draft_source)
+    if embedded:
+        return target, str(draft_folder(setup.layer))
+    raise ValueError("this engine loads its draft as a model of its own: give --draft FOLDER or hub id")
+
+
+@contextmanager
+def _venv_sources(row: EngineRow, setup: Setup, policy: Policy, max_tokens: int,
+                  stem: Path) -> Iterator[tuple[str, bool, dict[bool, Any], dict[str, Any]]]:
+    """Workers in the engine's own environment (``venv_engine``), speculation on and off, each
+    started at its first request (so an engine that cannot start is its side's outcome) and closed
+    after the row; the settings the engine states of itself are added to the row's."""
+    from diagnostics.verdicts.venv_engine import (ENGINES, WorkerProcess, bounded_settings, engine_cache, installed_version,
+                                                   venv_generator)
+
+    engine = ENGINES[row.kind]
+    python = engine.python()  # not built: the command's one-line error, with the script to run
+    target, draft = engine_models(setup, any(value == ASSISTANT for value in row.speculative.values()))
+    speculative = {name: (draft if value == ASSISTANT else value) for name, value in row.speculative.items()}
+    stated: dict[str, Any] = {}
+    workers, generators = {}, {}
+    for on in (True, False):
+        workers[on] = WorkerProcess([str(python), str(engine.worker_path())], stem.with_name(f"{stem.name}--{'on' if on else 'off'}.log"))
+        setup_line = {"model": target, "speculative": speculative if on else None, "cache": str(engine_cache(engine)),
+                      "threads": os.cpu_count() or 1}
+        generators[on] = venv_generator(workers[on], setup_line, policy, max_tokens, setup.eos, on,
+                                        source=f"{engine.name}'s own metrics, as its worker reports them per request")
+    try:
+        yield installed_version(engine), False, generators, stated
+    finally:
+        for on, worker in workers.items():
+            ready = generators[on].ready.get("ready")  # type: ignore[attr-defined]
+            if on and ready:
+                stated["engine"] = ready["engine"]
+                stated["engine_settings"] = bounded_settings(ready["settings"])
+            worker.close()
+
+
 def run_table(rows: list[EngineRow], policy_names: list[str], setup: Setup, *, out: Path, evidence: Path, store: Any,
               detect_tv: float, level: float, max_tokens: int, rerun: bool = False, endpoints: Endpoints | None = None,
               spec: SetupSpec | None = None, workers: int = 1,
@@ -286,7 +366,7 @@ def run_table(rows: list[EngineRow], policy_names: list[str], setup: Setup, *, o
     skipped unless ``rerun``), writing the table after every row; returns the rows run or kept.
     With ``spec`` and ``workers`` > 1, in-process engines generate their chunks of seeds in that
     many worker processes (one torch thread each), the files written here in seed order."""
-    in_process = spec is not None and any(row.kind not in (ENDPOINT, "server", "llama-server") for row in rows)
+    in_process = spec is not None and any(row.kind not in (ENDPOINT, "server", "llama-server", *VENV_KINDS) for row in rows)
     with worker_pool(workers if in_process else 1) as pool:
         return _run_table(rows, policy_names, setup, out=out, evidence=evidence, store=store, detect_tv=detect_tv, level=level,
                           max_tokens=max_tokens, rerun=rerun, endpoints=endpoints, spec=spec, workers=workers, pool=pool, say=say)
@@ -341,7 +421,7 @@ def _run_table(rows: list[EngineRow], policy_names: list[str], setup: Setup, *, 
                         jobs[on].collect = sources[on]
                     else:
                         jobs[on].generator = sources[on]
-                        if pool is not None and spec is not None:
+                        if pool is not None and spec is not None and row.kind not in VENV_KINDS:
                             jobs[on].submit = partial(pool.submit, worker_chunk, spec, row.name, policy, max_tokens, on)
                             jobs[on].workers = workers
                 result = run_row(jobs[True], jobs[False], auditor, setup.eos, detect_tv=detect_tv, level=level, store=store,
@@ -352,7 +432,9 @@ def _run_table(rows: list[EngineRow], policy_names: list[str], setup: Setup, *, 
                                 else "teacher forcing on a local copy of the target")
             upsert(table, result)
             save_table(out, table)
-            say(f"{row.name} · {name}: {result['verdict']} (p = {result['on']['p_value']:.3g}, "
-                f"{result['on']['tokens']:,} tokens, {result['time_s']:.0f} s)")
+            p_value, tokens = result["on"].get("p_value"), result["on"].get("tokens")
+            figures = (f"p = {p_value:.3g}, {tokens:,} tokens, " if isinstance(p_value, float) and isinstance(tokens, int)
+                       else f"{' '.join(str(result['on'].get('error') or '').split())[:200]}; " if result["on"].get("error") else "")
+            say(f"{row.name} · {name}: {result['verdict']} ({figures}{result['time_s']:.0f} s)")
             done.append(result)
     return done
