@@ -135,6 +135,12 @@ def test_the_verdict_table_links_each_row_to_its_stored_audits(database, tmp_pat
     assert shown["audit (on)"].tolist() == [f"/audit?audit={audit_id}"] and shown["audit (off)"].isna().all()
     assert shown["tokens"].tolist() == ["10,063"] and shown["time here"].tolist() == ["12 s"]
     assert not any("evil" in element.value for element in [*at.markdown, *at.caption])
+    # At a glance: one row per engine mode, its policies side by side, the verdict with its p-value
+    # and what the engine's counters say (none here: "drafts not counted").
+    [glance] = [frame.value for frame in at.dataframe if "temperature 1" in frame.value.columns]
+    glance = getattr(glance, "data", glance)  # a Styler (the verdict colours) holds the frame as .data
+    assert glance["engine"].tolist() == ["vLLM [x](http://evil) **bold**"]
+    assert glance["temperature 1"].tolist() == ["pass · p 0.5 · drafts not counted"]
     table.write_text('{"rows": "no"}')
     at = _audit_page()
     assert any("not a verdict table" in element.value for element in at.error) and table.read_text() == '{"rows": "no"}'

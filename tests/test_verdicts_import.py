@@ -72,10 +72,15 @@ def test_an_imported_row_keyed_like_a_row_run_here_is_added_beside_it_and_the_di
     assert imported["provenance"].startswith("imported from forged.json") and imported["on"]["sha256"] == "0" * 64
     # Its audit id names an audit in another machine's store: never linked to this one's.
     assert imported["on"]["audit_id"] is None and imported["on"]["audit_id_elsewhere"] == "48d1b4838fce"
-    table = readme.read_text()
-    lines = [line for line in table.splitlines() if line.startswith("| this lab")]
+    glance, detail = _glance_and_detail(readme.read_text())
+    lines = [line for line in detail if line.startswith("| this lab")]
     assert len(lines) == 2 and "| pass |" in lines[0] and "disagrees with the row run here" not in lines[0]
     assert "fail · disagrees with the row run here \\(pass\\)" in lines[1], lines[1]
+    # At a glance: the imported row is its own line, named as imported, with the disagreement.
+    lines = [line for line in glance if line.startswith("| this lab")]
+    assert len(lines) == 2 and "🟢 pass · p 0.4" in lines[0] and "disagrees" not in lines[0]
+    assert "· imported \\(imported from forged.json" in lines[1] and "🔴 fail · p 0.99" in lines[1], lines[1]
+    assert "disagrees with the row run here \\(pass\\)" in lines[1]
     # Imported again: the imported row is replaced (the same key, imported), never the row run here.
     assert _import(tmp_path, source) == 0
     assert "disagree" in capsys.readouterr().err
@@ -235,6 +240,14 @@ def test_the_reaudit_follows_no_symbolic_link_in_the_evidence_folder(tmp_path: P
 HOSTILE_LABEL = "vLLM \x1b[2J\x07\u202eevil https://evil.example www.evil.example $x^2$ :rocket: a@b.co &#x202e; | [x](y)"
 
 
+def _glance_and_detail(readme: str) -> tuple[list[str], list[str]]:
+    """The README table's lines at a glance and in detail (after ``<details>``), header lines first."""
+    table = readme.split(START, 1)[1].split(END, 1)[0]
+    glance, detail = table.split("<details>", 1)
+    return ([line for line in glance.splitlines() if line.startswith("|")],
+            [line for line in detail.splitlines() if line.startswith("|")])
+
+
 def test_an_imported_label_is_shown_not_acted_on_in_the_readme_and_the_report(tmp_path: Path, capsys) -> None:
     """Everyday tier, about 0.2 s (the report). Raw ESC, BEL and U+202E reached README.md and
     ``report --verdicts``, and bare URLs, ``www.`` names, ``$…$``, ``:emoji:`` and character
@@ -249,7 +262,10 @@ def test_an_imported_label_is_shown_not_acted_on_in_the_readme_and_the_report(tm
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\u202e" not in out
     text = readme.read_text()
-    [line] = [line for line in text.splitlines() if "evil" in line]
+    glance, detail = _glance_and_detail(text)
+    [line] = [line for line in detail if "evil" in line]
+    [glance_line] = [line for line in glance if "evil" in line]
+    assert glance_line.startswith("| ` vLLM \\x1b[2J\\x07\\u202eevil https://evil.example") and "imported from gpu.json" in glance_line
     for raw in ("\x1b", "\x07", "\u202e"):
         assert raw not in text
     cells = line.split(" | ")
@@ -257,7 +273,7 @@ def test_an_imported_label_is_shown_not_acted_on_in_the_readme_and_the_report(tm
     assert cells[0] == ("| ` vLLM \\x1b[2J\\x07\\u202eevil https://evil.example www.evil.example $x^2$ :rocket: a@b.co "
                         "&#x202e;  `\\|`  [x](y) `")
     assert cells[1] == "` vllm :100: www.x.io `"
-    assert len(cells) == len(text.splitlines()[2].split(" | "))  # one cell each: the escaped pipe splits nothing
+    assert len(cells) == len(detail[0].split(" | "))  # one cell each: the escaped pipe splits nothing
     Store(tmp_path / "runs.duckdb")
     assert main(["report", "--verdicts", str(tmp_path / "verdicts.json"), "--db", str(tmp_path / "runs.duckdb"),
                  "-o", str(tmp_path / "r.html")]) == 0
@@ -271,8 +287,10 @@ def test_plain_labels_keep_their_look_and_the_committed_table_renders_as_the_rea
     """Everyday tier, about 0.05 s: the negative control. Text GitHub reads as text only keeps its
     backslash-escaped form (no code span), and docs/verdicts.json still loads and renders to the
     README's table exactly."""
-    markdown = markdown_table({"rows": [_row(label="transformers (fixed γ) x_y", version="llama --version: version: 0 (4227c9be4)")]})
-    assert "| transformers \\(fixed γ\\) x\\_y | llama --version: version: 0 \\(4227c9be4\\) |" in markdown
+    markdown = markdown_table({"rows": [_row(label="transformers (fixed γ) x_y", version="llama.cpp commit 4227c9be4 (llama-server "
+                                                                                        "--version: version: 0 (4227c9be4))")]})
+    # The version cut to its short form (the build string stays in the JSON).
+    assert "| transformers \\(fixed γ\\) x\\_y | llama.cpp 4227c9b |" in markdown
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     shown = readme.split(START, 1)[1].split(END, 1)[0].strip()
     assert markdown_table(load_table(ROOT / "docs" / "verdicts.json")) == shown

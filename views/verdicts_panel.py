@@ -16,7 +16,7 @@ import streamlit as st
 from diagnostics.engine import eos_ids
 from diagnostics.models import DEFAULT_TARGET, EMBEDDED_NAME, ModelError
 from diagnostics.store import Store
-from diagnostics.verdicts.render import display_rows, policy_text
+from diagnostics.verdicts.render import VERDICT_COLOURS, display_rows, glance_rows, policy_text
 from diagnostics.verdicts.table import evidence_unchanged, load_table, reaudit_side
 from views.common import cached_model, plain, show_error
 
@@ -37,22 +37,36 @@ def verdict_table(store: Store, save: Callable[[dict], None]) -> None:
     if not table["rows"]:
         st.info("No verdicts yet: `python -m diagnostics verdicts` runs the table (each engine with speculation on and off).")
         return
+    glance = glance_rows(table)
+    frame = pd.DataFrame([row.cells for row in glance])
+    colours = pd.DataFrame([{name: f"background-color: {VERDICT_COLOURS[row.classes[name]]}; color: white" if name in row.classes
+                             else "" for name in row.cells} for row in glance])
+    st.dataframe(frame.style.apply(lambda _: colours, axis=None), hide_index=True, key="verdict_glance", width="stretch",
+                 column_config={name: st.column_config.TextColumn(name, width="large") for name in frame.columns
+                                if name not in ("engine", "version", "finding")})
+    st.caption("One row per engine mode, its policies side by side, each verdict coloured: green pass, red fail, amber "
+               "inconclusive, purple engine error, grey speculation inactive (the engine's own counters say it drafted or kept "
+               "nothing), orange control failed (speculation off already failed: the settings did not match). Each engine "
+               "generates from the embedded model with speculation on and, as its control, off, under the same sampling "
+               "settings; both are audited against the target's law (the external audit).")
+    findings = {row.finding.slug: row.finding for row in glance if row.finding is not None}
+    for finding in findings.values():
+        with st.expander(f"Finding: {finding.title}"):  # literal-ok: our own finding title (findings.FINDINGS)
+            st.markdown(finding.page.read_text(encoding="utf-8"))  # literal-ok: our own committed page, not the table's text
     audits = store.list_audits()
     stored = set(audits["audit_id"]) if not audits.empty else set()
     shown = pd.DataFrame(display_rows(table))
     for side in ("on", "off"):
         shown[f"audit ({side})"] = [f"/audit?audit={quote(str(row[side].get('audit_id')))}" if row[side].get("audit_id") in stored else None
                                     for row in table["rows"]]
-    st.dataframe(shown, hide_index=True, key="verdict_table", width="stretch", column_config={
-        # wide enough for "fail · disagrees with the row run here (pass)" on an imported row
-        "verdict": st.column_config.TextColumn("verdict", width="large"),
-        "audit (on)": st.column_config.LinkColumn("audit (on)", display_text=r"audit=(.*)$"),
-        "audit (off)": st.column_config.LinkColumn("audit (off)", display_text=r"audit=(.*)$")})
-    st.caption("Each engine generates from the embedded model with speculation on and, as its control, off, under the same "
-               "sampling settings; both are audited against the target's law (the external audit). A row whose control fails "
-               "reads 'control failed: settings not matched'. 'detects TV ≥': the smallest distortion the sample finds at 90% "
-               "power. Evidence: the generations file (in docs/verdicts) and its sha256; the audit links open the stored "
-               "audits where this database holds them.")
+    with st.expander("Every row in detail: p-values, sample sizes, distortion, controls, evidence, audits"):
+        st.dataframe(shown, hide_index=True, key="verdict_table", width="stretch", column_config={
+            # wide enough for "fail · disagrees with the row run here (pass)" on an imported row
+            "verdict": st.column_config.TextColumn("verdict", width="large"),
+            "audit (on)": st.column_config.LinkColumn("audit (on)", display_text=r"audit=(.*)$"),
+            "audit (off)": st.column_config.LinkColumn("audit (off)", display_text=r"audit=(.*)$")})
+        st.caption("'detects TV ≥': the smallest distortion the sample finds at 90% power. Evidence: the generations file "
+                   "(in docs/verdicts) and its sha256; the audit links open the stored audits where this database holds them.")
     reaudit_form(table, path.with_suffix(""), save)
 
 
