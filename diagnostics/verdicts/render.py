@@ -42,7 +42,7 @@ def verdict_class(verdict: object) -> str:
 def short_version(version: object) -> str:
     """A version as the table shows it: ``llama.cpp 4227c9b`` for ``llama.cpp commit 4227c9be4
     (llama-server --version: …)``, ``llama.cpp b6800`` for a numbered build, the rest without what
-    follows its first parenthesis (the whole build string stays in the JSON)."""
+    follows its first parenthesis or comma (the whole build string stays in the JSON)."""
     text = " ".join(str(version).split())
     commit = re.match(r"llama\.cpp commit ([0-9a-f]{7})", text)
     if commit:
@@ -50,7 +50,7 @@ def short_version(version: object) -> str:
     build = re.match(r"llama\.cpp (b\d+)", text)
     if build:
         return f"llama.cpp {build.group(1)}"
-    return text.split(" (", 1)[0][:60]
+    return text.split(" (", 1)[0].split(", ", 1)[0][:60]
 
 
 def _figure(value: Any, spec: str = ".3g") -> str:
