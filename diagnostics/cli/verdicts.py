@@ -187,8 +187,8 @@ def add_parser(commands: Any) -> None:
                     f"({DEFAULT_OUT}) and its README copy. Rows whose evidence files are unchanged are kept (resume); "
                     "--rerun makes them again. A row whose control fails reads 'control failed: settings not matched'.")
     verdicts.add_argument("--engine", action="append", default=[], metavar="NAME",
-                          help="all (default: every engine that runs here), transformers, vllm or openvino (each in its own "
-                               "environment, built by tools/build-vllm.sh or tools/build-openvino.sh), mutants (our engine with "
+                          help="all (default: every engine that runs here), transformers, vllm, openvino or "
+                               "onnxruntime-genai (each in its own environment, built by its tools/build-*.sh), mutants (our engine with "
                                "each planted bug: each must fail), or an engine name; repeatable or comma-separated")
     verdicts.add_argument("--policy", default="t1,t1-top-k-20", help="policies: t1 (temperature 1), t1-top-k-20 (default both)")
     verdicts.add_argument("--target", default="default", help="the target: 'default' (the embedded model) or a local path")

@@ -31,7 +31,7 @@ VERDICT_COLOURS = {"pass": "#1a7f37", "fail": "#cf222e", "inconclusive": "#9a670
 # Markdown has no colour: a coloured mark before the verdict does its work in the README.
 VERDICT_MARKS = {"pass": "🟢", "fail": "🔴", "inconclusive": "🟡", "error": "🟣", "inactive": "⚪", "control": "🟠"}
 # Engine families in the order the table groups them: this lab first, then by engine.
-FAMILIES = ("ours", "mutant:", "transformers", "llama-cpp-python", "llama-server", "vllm", "openvino")
+FAMILIES = ("ours", "mutant:", "transformers", "llama-cpp-python", "llama-server", "vllm", "openvino", "onnxruntime-genai")
 
 
 def verdict_class(verdict: object) -> str:

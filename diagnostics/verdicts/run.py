@@ -36,11 +36,18 @@ OPENVINO_ROWS = [
     EngineRow("openvino-prompt-lookup", "OpenVINO GenAI, prompt lookup", "openvino",
               {"prompt_lookup": True, "num_assistant_tokens": GAMMA, "max_ngram_size": 3}),
 ]
-VENV_KINDS = ("vllm", "openvino")  # engines in their own environment, driven through a worker (``venv_engine``)
+ONNXRUNTIME_GENAI_ROWS = [
+    EngineRow("onnxruntime-genai-draft", "ONNX Runtime GenAI, draft model", "onnxruntime-genai",
+              {"draft_model": ASSISTANT, "max_draft_tokens": GAMMA}),
+    EngineRow("onnxruntime-genai-ngram", "ONNX Runtime GenAI, n-gram lookup", "onnxruntime-genai",
+              {"ngram_size": 3, "max_draft_tokens": GAMMA}),
+]
+VENV_KINDS = ("vllm", "openvino", "onnxruntime-genai")  # engines in their own environment, driven through a worker (``venv_engine``)
 ENDPOINT = "endpoint"
 # The control each kind of row shares (speculation off): its file's name.
 CONTROLS = {"transformers": "transformers-plain", "universal": "transformers-plain", "ours": "ours-plain", "mutant": "ours-plain", "server": "llama-cpp-python-plain",
-            "llama-server": "llama-server-plain", "vllm": "vllm-plain", "openvino": "openvino-plain"}
+            "llama-server": "llama-server-plain", "vllm": "vllm-plain", "openvino": "openvino-plain",
+            "onnxruntime-genai": "onnxruntime-genai-plain"}
 
 
 def mutant_rows() -> list[EngineRow]:
@@ -54,7 +61,7 @@ def mutant_rows() -> list[EngineRow]:
 def engine_rows() -> dict[str, EngineRow]:
     """Every engine ``--engine`` names, mutants included."""
     return {row.name: row for row in [*TRANSFORMERS_ROWS, OURS, LLAMA_CPP, LLAMA_SERVER, *VLLM_ROWS, *OPENVINO_ROWS,
-                                      *mutant_rows()]}
+                                      *ONNXRUNTIME_GENAI_ROWS, *mutant_rows()]}
 
 
 def chosen_rows(names: list[str]) -> list[EngineRow]:
@@ -75,10 +82,12 @@ def chosen_rows(names: list[str]) -> list[EngineRow]:
             out += VLLM_ROWS
         elif name == "openvino":
             out += OPENVINO_ROWS
+        elif name == "onnxruntime-genai":
+            out += ONNXRUNTIME_GENAI_ROWS
         elif name in rows:
             out.append(rows[name])
         else:
-            raise ValueError(f"unknown engine {name[:60]!r}: use all, transformers, vllm, openvino, mutants or one of "
+            raise ValueError(f"unknown engine {name[:60]!r}: use all, transformers, vllm, openvino, onnxruntime-genai, mutants or one of "
                              f"{', '.join(rows)}")
     return list({row.name: row for row in out}.values())
 
@@ -346,7 +355,8 @@ def _venv_sources(row: EngineRow, setup: Setup, policy: Policy, max_tokens: int,
         setup_line = {"model": target, "speculative": speculative if on else None, "cache": str(engine_cache(engine)),
                       "threads": os.cpu_count() or 1}
         generators[on] = venv_generator(workers[on], setup_line, policy, max_tokens, setup.eos, on,
-                                        source=f"{engine.name}'s own metrics, as its worker reports them per request")
+                                        source=f"{engine.name}'s own metrics, as its worker reports them per request",
+                                        batch_size=engine.batch_size)
     try:
         yield installed_version(engine), False, generators, stated
     finally:

@@ -98,7 +98,7 @@ def fill(job: Job, tokens_wanted: int, eos: set[int], engine_label: str,
     next_seed = max((sample.seed for sample in samples if sample.seed is not None), default=first_seed - 1) + 1
     tokens = sum(len(sample.token_ids) for sample in samples)
     # A generator that batches takes a whole batch of seeds at once; the others a chunk at a time.
-    step = BATCH if getattr(job.generator, "batch", None) is not None else CHUNK
+    step = getattr(job.generator, "batch_size", BATCH) if getattr(job.generator, "batch", None) is not None else CHUNK
     while tokens < tokens_wanted and len(samples) < max_generations:
         if STOP.is_set():
             raise KeyboardInterrupt("stopped: what this side generated is kept in its file")

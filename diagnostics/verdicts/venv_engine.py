@@ -30,7 +30,7 @@ from diagnostics.policy import Policy
 ROOT = Path(__file__).resolve().parents[2]
 WORKERS = Path(__file__).resolve().parent / "workers"
 START_TIMEOUT_S = 900.0  # an engine's first start compiles, exports or warms up: minutes on 2 cores
-REQUEST_TIMEOUT_S = 1800.0  # one batch of up to 64 generations
+REQUEST_TIMEOUT_S = 3600.0  # one request's seeds (``VenvEngine.batch_size``): 64 at once, or 8 one after another
 MAX_ANSWER_BYTES = 64 << 20  # 64 seeds × a few thousand ids each is far below this
 DRAFTS = ROOT / "data" / "engines" / "drafts"
 
@@ -44,6 +44,7 @@ class VenvEngine:
     env_var: str
     worker: str
     build: str
+    batch_size: int = 64  # seeds per request: an engine that speculates one sequence at a time gets fewer
 
     def venv(self) -> Path:
         configured = os.environ.get(self.env_var)
@@ -64,6 +65,8 @@ class VenvEngine:
 ENGINES = {
     "vllm": VenvEngine("vllm", "VLLM_VENV", "vllm_worker.py", "tools/build-vllm.sh"),
     "openvino": VenvEngine("openvino", "OPENVINO_VENV", "openvino_worker.py", "tools/build-openvino.sh"),
+    "onnxruntime-genai": VenvEngine("onnxruntime-genai", "ORTGENAI_VENV", "onnxruntime_genai_worker.py",
+                                    "tools/build-onnxruntime-genai.sh", batch_size=8),
 }
 
 
@@ -248,7 +251,7 @@ def _count(answer: dict[str, Any], name: str) -> int | None:
 
 
 def venv_generator(worker: WorkerProcess, setup: dict[str, Any], policy: Policy, max_tokens: int, eos: set[int],
-                   speculative: bool, source: str) -> Callable[[list[int], int], list[int]]:
+                   speculative: bool, source: str, batch_size: int = 64) -> Callable[[list[int], int], list[int]]:
     """The audit's generator on an engine worker: ``run.batch(prompt_ids, seeds)`` is one request
     (the engine batches the seeds); the worker starts at the first request, so an engine that
     fails to start is that side's outcome. With speculation on, ``run.counters`` sums the
@@ -286,6 +289,7 @@ def venv_generator(worker: WorkerProcess, setup: dict[str, Any], policy: Policy,
         return batch(prompt_ids, [seed])[0]
 
     run.batch = batch  # type: ignore[attr-defined]
+    run.batch_size = batch_size  # type: ignore[attr-defined]  # seeds per request (``table.fill``)
     run.ready = started  # type: ignore[attr-defined]  # the worker's ready answer, once started
     if speculative:
         run.counters = counters  # type: ignore[attr-defined]

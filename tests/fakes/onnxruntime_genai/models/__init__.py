@@ -1,0 +1,1 @@
+"""The fake ``onnxruntime_genai.models`` package: ``builder`` is the fake model builder."""
