@@ -1,0 +1,1 @@
+"""Fake ``vllm.utils`` (tests/fakes): only ``cpu_triton_utils``."""
