@@ -138,8 +138,10 @@ def _glance_cell(row: dict[str, Any], table: dict[str, Any]) -> str:
     counters say, and a disagreement with the row run here."""
     verdict = str(row["verdict"])
     if verdict == ENGINE_ERROR:
-        said = next((row[side].get("error") for side in ("on", "off") if row[side].get("error")), "")
-        cell = f"{verdict}: {said[:80]}" if said else verdict
+        said = str(next((row[side].get("error") for side in ("on", "off") if row[side].get("error")), ""))
+        if said.startswith(str(row["label"])) and ": " in said:  # the row's name is the line's own: what it said matters
+            said = said.split(": ", 1)[1]
+        cell = f"{verdict}: {said[:100]}" if said else verdict
     elif verdict == SPECULATION_INACTIVE:
         counters = row["on"].get("speculation") or {}
         cell = f"{verdict} ({counters.get('drafted', '?')} drafted, {counters.get('accepted', '?')} accepted)"
