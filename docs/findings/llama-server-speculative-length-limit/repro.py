@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -70,13 +71,33 @@ def post_stream(url: str, body: dict[str, Any]) -> list[dict[str, Any]]:
     return events
 
 
-def start_server(binary: Path, target: Path, draft: Path, threads: int, draft_max: int, log: Path) -> tuple[subprocess.Popen, str]:
-    """llama-server with draft-model speculation on a free port; returns the process and URL once
-    /health answers. Raises RuntimeError (one line) when it exits or does not answer."""
+def speculation_flags(binary: Path, draft: Path, draft_max: int) -> list[str]:
+    """The flags for draft-model speculation of at most ``draft_max`` tokens a step, drafts always as
+    long as allowed (p-min 0), in the spelling ``binary`` takes (read from its --help): ``--draft-max``
+    and ``--draft-min`` (llama.cpp 4227c9be4) were later refused for ``--spec-draft-n-max`` and
+    ``--spec-draft-n-min`` (7d442abf), and later still a draft model also wants ``--spec-type
+    draft-simple`` (0c1e57098), a type the servers in between refuse."""
+    try:
+        usage = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=60)
+        text = usage.stdout + usage.stderr
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise RuntimeError(f"{binary} --help failed ({error.__class__.__name__}): pass a llama-server binary") from None
+    if "--spec-draft-n-max" not in text:
+        return ["-md", str(draft), "--draft-max", str(draft_max), "--draft-min", "0", "--draft-p-min", "0"]
+    flags = ["-md", str(draft), "--spec-draft-n-max", str(draft_max), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"]
+    return flags + (["--spec-type", "draft-simple"] if "draft-simple" in text else [])
+
+
+def start_server(binary: Path, target: Path, draft: Path, threads: int, draft_max: int, log: Path,
+                 spec_type: str | None = None) -> tuple[subprocess.Popen, str]:
+    """llama-server with draft-model speculation (or, with ``spec_type``, that model-free kind, e.g.
+    ngram-simple, where the build has it) on a free port; returns the process and URL once /health
+    answers. Raises RuntimeError (one line) when it exits or does not answer."""
     port = free_port()
-    command = [str(binary), "-m", str(target), "-md", str(draft), "--host", "127.0.0.1", "--port", str(port),
-               "-c", "512", "-np", "1", "-t", str(threads), "-tb", str(threads), "-td", str(threads), "-tbd", str(threads),
-               "--draft-max", str(draft_max), "--draft-min", "0", "--draft-p-min", "0", "--no-webui"]
+    speculation = ["--spec-type", *shlex.split(spec_type)] if spec_type else speculation_flags(binary, draft, draft_max)
+    command = [str(binary), "-m", str(target), *speculation, "--host", "127.0.0.1",
+               "--port", str(port), "-c", "512", "-np", "1", "-t", str(threads), "-tb", str(threads), "-td", str(threads),
+               "-tbd", str(threads), "--no-webui"]
     with log.open("w") as output:
         process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -147,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--draft-max", type=int, default=4, help="--draft-max (default 4)")
     # one thread: llama.cpp's threads spin at each barrier, so two on a busy 2-core machine ran 20x slower
     parser.add_argument("--threads", type=int, default=1, help="threads of the target and of the draft (default 1)")
+    parser.add_argument("--spec-type", help="instead of a draft model, this model-free speculation and its flags, e.g. "
+                                            "'ngram-simple --spec-ngram-simple-size-n 3' (llama.cpp builds of 2026)")
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
     draft = args.draft or args.target
@@ -166,12 +189,13 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     log = Path(tempfile.mkstemp(prefix="llama-server-repro-", suffix=".log")[1])
     try:
-        process, url = start_server(args.llama_server, args.target, draft, args.threads, args.draft_max, log)
+        process, url = start_server(args.llama_server, args.target, draft, args.threads, args.draft_max, log, args.spec_type)
     except RuntimeError as error:
         print(f"error: {error}", file=sys.stderr)
         return 3
-    figures: dict[str, Any] = {"server": str(args.llama_server), "target": str(args.target), "draft": str(draft),
-                               "draft_max": args.draft_max, "prompt": PROMPT}
+    figures: dict[str, Any] = {"server": str(args.llama_server), "target": str(args.target),
+                               "draft": args.spec_type or str(draft), "draft_max": None if args.spec_type else args.draft_max,
+                               "prompt": PROMPT}
     try:
         drafted = accepted = 0
 
@@ -238,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
 
     sampled, greedy_figures = figures["sampled"], figures["greedy"]
     print(f"llama-server: {args.llama_server}")
-    print(f"target {args.target.name}, draft {draft.name}, draft-max {args.draft_max}; "
+    print(f"target {args.target.name}, " + (f"speculation {args.spec_type}" if args.spec_type else
+                                             f"draft {draft.name}, draft-max {args.draft_max}") + "; "
           f"drafted {drafted} tokens, accepted {accepted}")
     print(f"sampled (t=1, seeds {args.seed}..{args.seed + args.requests - 1}, n_predict {args.n_predict}, /completion): "
           f"{sampled['short']} of {args.requests} short (returned {sampled['returned_when_short'] or '-'} tokens, "
