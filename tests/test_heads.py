@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 import shutil
 
 import pytest
@@ -57,8 +58,10 @@ def test_the_written_layout_is_the_published_one(heads, target) -> None:
     state = load_file(str(folder / "model.safetensors"))
     assert state["fc.weight"].shape == (32, 3 * 32)
     assert state["midlayer.self_attn.q_proj.weight"].shape[1] == 2 * 32  # q/k/v read cat(embedding, hidden)
-    assert {"d2t", "t2d", "lm_head.weight", "norm.weight", "midlayer.hidden_norm.weight", "midlayer.mlp.down_proj.weight"} <= set(state)
-    assert state["d2t"].dtype == torch.int64 and state["t2d"].dtype == torch.bool
+    assert {"lm_head.weight", "norm.weight", "midlayer.hidden_norm.weight", "midlayer.mlp.down_proj.weight"} <= set(state)
+    # A head over the whole vocabulary carries no d2t/t2d (vLLM refuses a d2t there); it loads as the identity map.
+    assert not {"d2t", "t2d"} & set(state)
+    assert not head.module.d2t.any() and head.module.t2d.all() and head.module.d2t.dtype == torch.int64
     assert torch.equal(head.module.fc.weight, state["fc.weight"])
     medusa_folder, medusa = heads["medusa"]
     keys = set(load_file(str(medusa_folder / "medusa_lm_head.safetensors")))
@@ -124,6 +127,24 @@ def test_draft_vocabulary_maps_onto_the_targets_ids(target, tmp_path) -> None:
     save_file(state, str(folder / "model.safetensors"))
     with pytest.raises(ModelError, match="d2t and t2d disagree"):
         load_head("eagle3", str(folder), target)
+    # A smaller draft vocabulary needs its map: without it the file is refused, not read as the identity.
+    save_file({key: value for key, value in state.items() if key not in ("d2t", "t2d")}, str(folder / "model.safetensors"))
+    with pytest.raises(ModelError, match="lacks the tensor 'd2t'"):
+        load_head("eagle3", str(folder), target)
+
+
+def test_a_whole_vocabulary_head_that_carries_its_identity_map_still_loads(heads, target, tmp_path) -> None:
+    """Heads written before the map was left out of whole-vocabulary files (everyday, < 1 s)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder = Path(shutil.copytree(heads["eagle3"][0], tmp_path / "with-map"))
+    state = load_file(str(folder / "model.safetensors"))
+    state.update(d2t=torch.zeros(12, dtype=torch.long), t2d=torch.ones(12, dtype=torch.bool))
+    save_file(state, str(folder / "model.safetensors"))
+    head = load_head("eagle3", str(folder), target)
+    assert torch.equal(head.module.fc.weight, heads["eagle3"][1].module.fc.weight) and head.module.t2d.all()
 
 
 def test_bad_heads_are_one_line_errors(heads, tmp_path) -> None:

@@ -9,61 +9,22 @@ Tier: everyday; 3.7-7 s for the file, measured while other builds shared the 2 c
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import selectors
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from worker_harness import Worker as ScriptWorker
+from worker_harness import check_counted_requests, load_fake
 
-ROOT = Path(__file__).resolve().parents[1]
-WORKER = ROOT / "diagnostics" / "verdicts" / "workers" / "onnxruntime_genai_worker.py"
-FAKES = Path(__file__).resolve().parent / "fakes"
-
-
-def _fake_module():
-    spec = importlib.util.spec_from_file_location("fake_onnxruntime_genai_for_tests", FAKES / "onnxruntime_genai" / "__init__.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+FAKE = load_fake("onnxruntime_genai", "fake_onnxruntime_genai_for_tests")
 
 
-FAKE = _fake_module()
-
-
-class Worker:
-    """The worker script as a subprocess; ``send`` writes one message, ``answer`` reads one line
-    (within 30 s) and fails the test unless it is a JSON object."""
+class Worker(ScriptWorker):
+    """onnxruntime_genai_worker.py over the fake engine, its builder recording each export in
+    ``builds``; the precision is the worker's default."""
 
     def __init__(self, builds: Path) -> None:
-        env = {**os.environ, "PYTHONPATH": str(FAKES), "FAKE_ORTGENAI_BUILDS": str(builds)}
-        env.pop("ORTGENAI_WORKER_PRECISION", None)
-        self.process = subprocess.Popen([sys.executable, str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, env=env)
-
-    def send(self, message: dict | str) -> None:
-        line = message if isinstance(message, str) else json.dumps(message)
-        self.process.stdin.write(line.encode() + b"\n")
-        self.process.stdin.flush()
-
-    def answer(self) -> dict:
-        with selectors.DefaultSelector() as selector:
-            selector.register(self.process.stdout, selectors.EVENT_READ)
-            assert selector.select(30), "the worker gave no answer in 30 s"
-        line = self.process.stdout.readline()
-        assert line, f"the worker closed its stdout; stderr: {self.process.stderr.read().decode()[-2000:]}"
-        answer = json.loads(line)  # a print that leaked into stdout fails here
-        assert isinstance(answer, dict)
-        return answer
-
-    def close(self) -> tuple[int, bytes, str]:
-        """Close stdin; the exit status, what is left on stdout, and stderr."""
-        self.process.stdin.close()
-        status = self.process.wait(timeout=30)
-        return status, self.process.stdout.read(), self.process.stderr.read().decode()
+        super().__init__("onnxruntime_genai_worker.py", FAKE_ORTGENAI_BUILDS=str(builds), ORTGENAI_WORKER_PRECISION=None)
 
 
 class Lab:
@@ -122,19 +83,7 @@ def test_draft_model_ready_outputs_in_seed_order_eos_kept_and_counters_per_reque
     assert config["model"]["draft"]["session_options"]["intra_op_num_threads"] == 1
     assert config["model"]["decoder"]["session_options"]["intra_op_num_threads"] == 1
 
-    prompt, seeds = [1, 2, 3], [5, 1, 9]
-    eos = FAKE.fake_tokens(prompt, 1, 6)[2]  # seed 1 generates it third: its output stops there, EOS kept
-    assert all(eos not in FAKE.fake_tokens(prompt, seed, 6) for seed in (5, 9))
-    worker.send(_request(prompt, seeds, 6, [eos]))
-    first = worker.answer()
-    assert first["outputs"] == [FAKE.fake_tokens(prompt, 5, 6), FAKE.fake_tokens(prompt, 1, 3), FAKE.fake_tokens(prompt, 9, 6)]
-    assert first["outputs"][1][-1] == eos
-    assert (first["drafted"], first["accepted"]) == (3 * 15, 15)
-
-    worker.send(_request([4], [2, 3], 4, []))  # the counters of this request alone
-    second = worker.answer()
-    assert second["outputs"] == [FAKE.fake_tokens([4], 2, 4), FAKE.fake_tokens([4], 3, 4)]
-    assert (second["drafted"], second["accepted"]) == (3 * 8, 8)
+    check_counted_requests(worker, FAKE, _request)  # seeds in order, the EOS kept, each request's own counters
 
     status, rest, stderr = worker.close()
     assert (status, rest) == (0, b"")

@@ -9,28 +9,14 @@ included); the file takes about 3 s on 2 cores.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-WORKER = ROOT / "diagnostics" / "verdicts" / "workers" / "openvino_worker.py"
-FAKES = Path(__file__).resolve().parent / "fakes"
+from worker_harness import load_fake, run_through
+
 VOCAB = 100
 PROMPT = [1, 5, 9, 13]
-
-
-def _fake_engine():
-    spec = importlib.util.spec_from_file_location("fake_openvino_genai", FAKES / "openvino_genai" / "__init__.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-FAKE = _fake_engine()
+FAKE = load_fake("openvino_genai", "fake_openvino_genai")
 
 
 def hf_folder(path: Path, weights: bytes = b"weights") -> Path:
@@ -49,10 +35,7 @@ def run_worker(tmp_path: Path, setup: dict, requests: list, **env: str) -> tuple
     """The worker fed ``setup`` and ``requests`` then end of input: (status, answers, the engine's
     log events, stderr). Every stdout line must be JSON: anything else corrupted the protocol."""
     log = tmp_path / "fake_engine.log"
-    environment = {**os.environ, "PYTHONPATH": str(FAKES), "FAKE_OV_LOG": str(log), **env}
-    lines = "".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in [setup, *requests])
-    finished = subprocess.run([sys.executable, str(WORKER)], input=lines.encode(), capture_output=True,
-                              env=environment, timeout=60, cwd=tmp_path)
+    finished = run_through("openvino_worker.py", [setup, *requests], cwd=tmp_path, FAKE_OV_LOG=str(log), **env)
     answers = [json.loads(line) for line in finished.stdout.decode().splitlines()]
     events = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     return finished.returncode, answers, events, finished.stderr.decode()

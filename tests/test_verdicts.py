@@ -80,6 +80,20 @@ def test_a_real_engines_row_end_to_end_with_its_control_evidence_and_resume(mode
     # Resume: the row's evidence is unchanged, so nothing runs again.
     assert main(command) == 0
     assert "kept (pass), its evidence unchanged" in capsys.readouterr().err
+    # A row made before the table kept counters gets them by replaying its first generations (each
+    # must give its stored tokens); the evidence and the verdict stay as they were.
+    from diagnostics.verdicts.table_file import load_table, save_table
+
+    older = load_table(tmp_path / "verdicts.json")
+    del older["rows"][0]["on"]["speculation"]
+    save_table(tmp_path / "verdicts.json", older)
+    assert main([*command, "--count-drafts", "8"]) == 0
+    assert "over 8 replayed generations, each the stored tokens" in capsys.readouterr().err
+    [replayed] = json.loads((tmp_path / "verdicts.json").read_text())["rows"]
+    counted = replayed["on"].pop("speculation")
+    assert counted["generations"] == 8 and 0 < counted["accepted"] <= counted["drafted"] and "replayed on 8 of" in counted["source"]
+    assert replayed["on"] == {name: value for name, value in row["on"].items() if name != "speculation"}
+    assert replayed["verdict"] == row["verdict"]
     # A changed evidence file is not trusted: the row is made again from what the file holds.
     on_file = tmp_path / "evidence" / row["on"]["file"]
     made_by_workers = on_file.read_text().splitlines()

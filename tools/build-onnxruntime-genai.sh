@@ -30,57 +30,23 @@ TORCH_VERSION=2.13.0+cpu
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${ORTGENAI_VENV:-$ROOT/data/onnxruntime-genai/venv}"
-DEST="$(dirname "$VENV")"
-PYTHON="${PYTHON:-python3}"
-TORCH_CPU_INDEX="${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}"
-NICE="${NICE:-10}"
-PY="$VENV/bin/python"
+# DEST, PYTHON, TORCH_CPU_INDEX, NICE, PY; pins_hold, keep_built, start_install, install_cpu_torch,
+# check_pins, write_version
+source "$ROOT/tools/engine-venv-lib.sh"
 
-# name==version pairs the venv must hold, checked without importing the packages.
+# name==version pairs the venv must hold.
 PINS=("onnxruntime-genai==$ORTGENAI_VERSION" "onnxruntime==$ONNXRUNTIME_VERSION" "transformers==$TRANSFORMERS_VERSION"
       "onnx==$ONNX_VERSION" "onnx-ir==$ONNX_IR_VERSION" "safetensors==$SAFETENSORS_VERSION" "numpy==$NUMPY_VERSION"
       "torch==$TORCH_VERSION")
-
-pins_hold() {
-    [[ -x "$PY" ]] || return 1
-    "$PY" - "${PINS[@]}" <<'EOF'
-import sys
-from importlib.metadata import PackageNotFoundError, version
-for pin in sys.argv[1:]:
-    name, wanted = pin.split("==")
-    try:
-        if version(name) != wanted:
-            sys.exit(1)
-    except PackageNotFoundError:
-        sys.exit(1)
-EOF
-}
 
 # The engine and its builder must import (the builder's --help itself is broken in 0.18.0: a '%' in its text).
 imports_work() {
     "$PY" -c "import onnxruntime_genai, onnxruntime_genai.models.builder, torch; assert not torch.version.cuda" >/dev/null 2>&1
 }
 
-if pins_hold && imports_work && [[ -f "$DEST/VERSION" ]]; then
-    echo "kept $VENV: it holds the pinned versions"
-    cat "$DEST/VERSION"
-    exit 0
-fi
-
-mkdir -p "$DEST"
-START=$(date +%s)
-[[ -x "$PY" ]] || "$PYTHON" -m venv "$VENV"
-PIP=(nice -n "$NICE" "$PY" -m pip install --quiet)
-
-# torch first, from a local wheel if pip's find-links has one, else from the CPU index; then a
-# constraint keeps the resolver from swapping it for PyPI's CUDA build.
-if ! "${PIP[@]}" --no-index --no-deps "torch==$TORCH_VERSION" 2>/dev/null; then
-    echo "no local torch $TORCH_VERSION wheel: installing it from $TORCH_CPU_INDEX"
-    "${PIP[@]}" --index-url "$TORCH_CPU_INDEX" "torch==$TORCH_VERSION"
-fi
-CONSTRAINTS="$(mktemp "${TMPDIR:-/tmp}/onnxruntime-genai-constraints.XXXXXX")"
-trap 'rm -f "$CONSTRAINTS"' EXIT
-echo "torch==$TORCH_VERSION" > "$CONSTRAINTS"
+keep_built imports_work
+start_install
+install_cpu_torch onnxruntime-genai  # sets CONSTRAINTS (torch pinned) for the install below
 
 "${PIP[@]}" -c "$CONSTRAINTS" "torch==$TORCH_VERSION" \
     "onnxruntime-genai==$ORTGENAI_VERSION" "onnxruntime==$ONNXRUNTIME_VERSION" "numpy==$NUMPY_VERSION" \
@@ -88,19 +54,13 @@ echo "torch==$TORCH_VERSION" > "$CONSTRAINTS"
     "safetensors==$SAFETENSORS_VERSION"
 END=$(date +%s)
 
-pins_hold || { echo "the venv at $VENV does not hold the pinned versions after installing: see pip's output above" >&2; exit 1; }
+check_pins
 imports_work || { echo "onnxruntime_genai, its model builder or a CPU-only torch does not import in $VENV" >&2; exit 1; }
 # Speculative decoding must be reachable from Python (GeneratorParams.set_speculative_options and
 # Generator.get_speculative_stats came with the release that the worker was written for).
 "$PY" -c "import onnxruntime_genai as og; assert hasattr(og.GeneratorParams, 'set_speculative_options') and hasattr(og.Generator, 'get_speculative_stats')" \
     || { echo "this onnxruntime-genai has no speculative decoding API" >&2; exit 1; }
 
-SIZE="$(du -sh "$VENV" | cut -f1)"
-{
-    echo "onnxruntime-genai $ORTGENAI_VERSION, onnxruntime $ONNXRUNTIME_VERSION"
-    echo "builder: transformers $TRANSFORMERS_VERSION, onnx $ONNX_VERSION, onnx-ir $ONNX_IR_VERSION, safetensors $SAFETENSORS_VERSION, numpy $NUMPY_VERSION, torch $TORCH_VERSION"
-    echo "python: $("$PY" -c 'import sys; print(sys.version.split()[0])') ($VENV)"
-    echo "installed: $(date -u +%Y-%m-%dT%H:%M:%SZ) in $((END - START)) s on $(uname -m), $(nproc) cores, nice $NICE"
-    echo "size: $SIZE"
-} > "$DEST/VERSION"
-cat "$DEST/VERSION"
+write_version \
+    "onnxruntime-genai $ORTGENAI_VERSION, onnxruntime $ONNXRUNTIME_VERSION" \
+    "builder: transformers $TRANSFORMERS_VERSION, onnx $ONNX_VERSION, onnx-ir $ONNX_IR_VERSION, safetensors $SAFETENSORS_VERSION, numpy $NUMPY_VERSION, torch $TORCH_VERSION"

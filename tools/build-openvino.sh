@@ -35,59 +35,24 @@ TORCHVISION_VERSION=0.28.0
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${OPENVINO_VENV:-$ROOT/data/openvino/venv}"
-DEST="$(dirname "$VENV")"
-PYTHON="${PYTHON:-python3}"
-TORCH_CPU_INDEX="${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}"
-NICE="${NICE:-10}"
-PY="$VENV/bin/python"
+# DEST, PYTHON, TORCH_CPU_INDEX, NICE, PY; pins_hold, keep_built, start_install, install_cpu_torch,
+# check_pins, write_version
+source "$ROOT/tools/engine-venv-lib.sh"
 
-# name==version pairs the venv must hold, checked without importing the (slow) packages.
+# name==version pairs the venv must hold.
 PINS=("openvino-genai==$OPENVINO_GENAI_VERSION" "openvino==$OPENVINO_VERSION"
       "openvino-tokenizers==$OPENVINO_TOKENIZERS_VERSION" "optimum-intel==$OPTIMUM_INTEL_VERSION"
       "optimum==$OPTIMUM_VERSION" "transformers==$TRANSFORMERS_VERSION" "nncf==$NNCF_VERSION"
       "torch==$TORCH_VERSION")
-
-pins_hold() {
-    [[ -x "$PY" ]] || return 1
-    "$PY" - "${PINS[@]}" <<'EOF'
-import sys
-from importlib.metadata import PackageNotFoundError, version
-for pin in sys.argv[1:]:
-    name, wanted = pin.split("==")
-    try:
-        if version(name) != wanted:
-            sys.exit(1)
-    except PackageNotFoundError:
-        sys.exit(1)
-EOF
-}
 
 # The export's own imports: PyPI's torchvision (CUDA build) breaks `from transformers import PreTrainedModel`.
 export_imports() {
     "$PY" -c "from transformers import PreTrainedModel; import optimum.exporters.openvino" 2>/dev/null
 }
 
-if pins_hold && export_imports && [[ -f "$DEST/VERSION" ]]; then
-    echo "kept $VENV: it holds the pinned versions"
-    cat "$DEST/VERSION"
-    exit 0
-fi
-
-mkdir -p "$DEST"
-START=$(date +%s)
-[[ -x "$PY" ]] || "$PYTHON" -m venv "$VENV"
-PIP=(nice -n "$NICE" "$PY" -m pip install --quiet)
-
-# torch first, from a local wheel if pip's find-links has one (its dependencies come with the
-# rest below), else from the CPU index; then a constraint keeps the resolver from swapping it for
-# PyPI's CUDA build.
-if ! "${PIP[@]}" --no-index --no-deps "torch==$TORCH_VERSION" 2>/dev/null; then
-    echo "no local torch $TORCH_VERSION wheel: installing it from $TORCH_CPU_INDEX"
-    "${PIP[@]}" --index-url "$TORCH_CPU_INDEX" "torch==$TORCH_VERSION"
-fi
-CONSTRAINTS="$(mktemp "${TMPDIR:-/tmp}/openvino-constraints.XXXXXX")"
-trap 'rm -f "$CONSTRAINTS"' EXIT
-echo "torch==$TORCH_VERSION" > "$CONSTRAINTS"
+keep_built export_imports
+start_install
+install_cpu_torch openvino  # sets CONSTRAINTS (torch pinned) for the install below
 # A CPU torchvision if one can be had quickly (few retries: the CPU index may be unreachable).
 "${PIP[@]}" --no-index --no-deps "torchvision==$TORCHVISION_VERSION+cpu" 2>/dev/null \
     || "${PIP[@]}" --retries 1 --timeout 20 --no-deps --index-url "$TORCH_CPU_INDEX" \
@@ -104,7 +69,7 @@ if ! "$PY" -c "import torchvision" 2>/dev/null; then
 fi
 END=$(date +%s)
 
-pins_hold || { echo "the venv at $VENV does not hold the pinned versions after installing: see pip's output above" >&2; exit 1; }
+check_pins
 # The engine must load and no CUDA runtime may have come along.
 "$PY" -c "import openvino_genai, torch; assert not torch.version.cuda, torch.version.cuda" \
     || { echo "openvino_genai or torch does not import in $VENV" >&2; exit 1; }
@@ -113,12 +78,6 @@ export_imports || { echo "optimum-intel's exporter does not import in $VENV" >&2
 TORCHVISION="$("$PY" -c "from importlib.metadata import version; print(version('torchvision'))" 2>/dev/null \
     || echo "none (PyPI's CUDA build removed; text export does not use it)")"
 
-SIZE="$(du -sh "$VENV" | cut -f1)"
-{
-    echo "openvino-genai $OPENVINO_GENAI_VERSION, openvino $OPENVINO_VERSION, openvino-tokenizers $OPENVINO_TOKENIZERS_VERSION"
-    echo "export: optimum-intel $OPTIMUM_INTEL_VERSION, optimum $OPTIMUM_VERSION, transformers $TRANSFORMERS_VERSION, nncf $NNCF_VERSION, torch $TORCH_VERSION, torchvision $TORCHVISION"
-    echo "python: $("$PY" -c 'import sys; print(sys.version.split()[0])') ($VENV)"
-    echo "installed: $(date -u +%Y-%m-%dT%H:%M:%SZ) in $((END - START)) s on $(uname -m), $(nproc) cores, nice $NICE"
-    echo "size: $SIZE"
-} > "$DEST/VERSION"
-cat "$DEST/VERSION"
+write_version \
+    "openvino-genai $OPENVINO_GENAI_VERSION, openvino $OPENVINO_VERSION, openvino-tokenizers $OPENVINO_TOKENIZERS_VERSION" \
+    "export: optimum-intel $OPTIMUM_INTEL_VERSION, optimum $OPTIMUM_VERSION, transformers $TRANSFORMERS_VERSION, nncf $NNCF_VERSION, torch $TORCH_VERSION, torchvision $TORCHVISION"

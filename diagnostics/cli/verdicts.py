@@ -80,6 +80,8 @@ def _run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         raise ValueError(f"--max-tokens must lie in [1, 512], got {args.max_tokens}")
     load_table(out)  # a table file that is not one is refused before anything runs
     _check_prompts(list(args.prompt))
+    if not 0 <= args.count_drafts <= 10_000:
+        raise ValueError(f"--count-drafts must lie in [0, 10000], got {args.count_drafts}")
     if not 1 <= args.workers <= 16:
         raise ValueError(f"--workers must lie in [1, 16], got {args.workers}")
     if not 1 <= args.score_logprobs <= 1000:
@@ -96,7 +98,7 @@ def _run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     try:
         run_table(rows, policies, setup, out=out, evidence=Path(args.evidence), store=store, detect_tv=args.detect_tv,
                   level=args.level, max_tokens=args.max_tokens, rerun=args.rerun, endpoints=endpoints, spec=spec,
-                  workers=args.workers)
+                  workers=args.workers, count_drafts=args.count_drafts)
     finally:
         signal.signal(signal.SIGTERM, previous)
     return load_table(out)
@@ -206,6 +208,10 @@ def add_parser(commands: Any) -> None:
     verdicts.add_argument("--readme", default=None, metavar="FILE",
                           help="the README whose table to rewrite (default README.md with the default --out; 'none': no README)")
     verdicts.add_argument("--rerun", action="store_true", help="run the chosen rows again even where their evidence is unchanged")
+    verdicts.add_argument("--count-drafts", type=int, default=0, metavar="N",
+                          help="for kept rows made before the table kept the engine's draft counters: replay the first N "
+                               "generations of speculation on (each must give its stored tokens) and record the counts "
+                               "(about a tenth of the row's time at N=32)")
     verdicts.add_argument("--import", dest="import_file", default=None, metavar="TABLE.json",
                           help="add the rows of a table made elsewhere (e.g. a GPU engine's; a regular file of at most 4 MiB), "
                                "validated and marked with their origin; an imported row never replaces a row run here: "

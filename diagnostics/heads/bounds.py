@@ -247,12 +247,10 @@ def check_tensors(path: Path, tensors: dict[str, tuple[str, tuple[int, ...], str
         if key not in expected and key not in ignored:
             raise ModelError(f"{path} holds a tensor {tensors[key][0]!r} that this head's config.json has no place for: "
                              f"a head of another layout or size (check its heads and layers)")
-    for slot in slots:
-        if slot.file_key not in tensors:
-            if slot.optional:
-                continue
-            raise ModelError(f"{path} lacks the tensor {slot.file_key!r} that its config.json implies: "
-                             "an incomplete or mislabelled head")
+    # Shapes first: a head made for another target (or another draft vocabulary) is named as such,
+    # even when the tensors its config implies are missing too.
+    present = [slot for slot in slots if slot.file_key in tensors]
+    for slot in present:
         name, shape, dtype = tensors[slot.file_key]
         if shape != slot.shape:
             raise ModelError(f"{path}: the tensor {name!r} has shape {list(shape)} but this target needs {list(slot.shape)}: "
@@ -260,6 +258,10 @@ def check_tensors(path: Path, tensors: dict[str, tuple[str, tuple[int, ...], str
         allowed = {"float": FLOAT_DTYPES, "int": INT_DTYPES, "bool": ("BOOL",)}[slot.kind]
         if dtype not in allowed:
             raise ModelError(f"{path}: the tensor {name!r} is {dtype}; it must be one of {', '.join(allowed)}")
+    for slot in slots:
+        if slot.file_key not in tensors and not slot.optional:
+            raise ModelError(f"{path} lacks the tensor {slot.file_key!r} that its config.json implies: "
+                             "an incomplete or mislabelled head")
 
 
 def read_tensors(path: Path, tensors: dict[str, tuple[str, tuple[int, ...], str]], slots: list[Slot],

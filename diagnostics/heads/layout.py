@@ -160,12 +160,17 @@ def _eagle3_config(target: LoadedModel, draft_vocab: int | None) -> Eagle3Config
 
 
 def _eagle3_state(config: Eagle3Config, seed: int, scale: float) -> dict[str, torch.Tensor]:
-    """EAGLE-3's weights under their published names, drawn on the host; ``d2t``/``t2d`` map draft id ``i`` to ``i``."""
+    """EAGLE-3's weights under their published names, drawn on the host; ``d2t``/``t2d`` map draft id
+    ``i`` to ``i``. A head over the target's whole vocabulary has no map in its file (the map is the
+    identity), as vLLM reads it: vLLM makes its ``draft_id_to_target_id`` only for a smaller draft
+    vocabulary and refuses a file that carries one otherwise."""
     slots = _published_slots("eagle3", config)
     check_memory(slots, "the EAGLE-3 head asked for")
     generator = torch.Generator().manual_seed(seed)
     state = {slot.file_key: _random(slot.shape, slot.file_key, generator, scale) for slot in slots
              if slot.file_key not in VOCAB_MAP_KINDS}
+    if config.draft_vocab_size == config.vocab_size:
+        return state
     chosen = torch.arange(config.draft_vocab_size, device="cpu")  # a file's tensors: on the host
     state["d2t"] = chosen - torch.arange(config.draft_vocab_size, device="cpu")  # target id = i + d2t[i]
     t2d = torch.zeros(config.vocab_size, dtype=torch.bool, device="cpu")
@@ -270,8 +275,13 @@ def load_head(kind: str, path_or_id: str, target: LoadedModel, local_only: bool 
         path = weights_file(folder, ["model.safetensors", "pytorch_model.bin"])
         pickled = load_pickled(path) if is_pickled(path) else None
         tensors, slots, ignored = header(path, pickled=pickled), published, ("embed_tokens.weight",)  # embeddings come from the target
+        slots = _vocab_map_optional(head_config, tensors, slots)
     check_tensors(path, tensors, slots, ignored)
-    module = _assembled(kind, head_config, read_tensors(path, tensors, slots, pickled))
+    state = read_tensors(path, tensors, slots, pickled)
+    if kind == "eagle3" and "t2d" not in tensors:  # a whole-vocabulary head without its map: the identity
+        state["t2d"] = torch.ones(head_config.vocab_size, dtype=torch.bool, device="cpu")
+        state["d2t"] = torch.zeros(head_config.draft_vocab_size, dtype=torch.long, device="cpu")
+    module = _assembled(kind, head_config, state)
     if kind == "eagle3":
         _check_vocab_map(module, vocab)
     dtype = next(target.model.parameters()).dtype
@@ -300,6 +310,16 @@ def _assembled(kind: str, config: Any, state: dict[str, torch.Tensor]) -> Any:
         module = MedusaHeads(config) if kind == "medusa" else Eagle3Head(config)
     module.load_state_dict(state, strict=True, assign=True)
     return module
+
+
+def _vocab_map_optional(config: Eagle3Config, tensors: dict[str, Any], slots: list[Slot]) -> list[Slot]:
+    """``slots`` with ``d2t`` and ``t2d`` optional when the head drafts over the target's whole
+    vocabulary and its file carries neither (vLLM's layout for such a head); a file with only one
+    of the two is still refused, and a smaller draft vocabulary still needs both."""
+    if config.draft_vocab_size != config.vocab_size or any(key in tensors for key in VOCAB_MAP_KINDS):
+        return slots
+    return [Slot(slot.module_key, slot.file_key, slot.shape, slot.kind, optional=True) if slot.file_key in VOCAB_MAP_KINDS
+            else slot for slot in slots]
 
 
 def _check_vocab_map(module: Eagle3Head, vocab: int) -> None:

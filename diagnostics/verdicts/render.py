@@ -130,7 +130,12 @@ def _counters_text(side: dict[str, Any]) -> str:
     counters = side.get("speculation")
     if not isinstance(counters, dict):
         return ""
-    return f"{counters.get('accepted', 0):,} of {counters.get('drafted', 0):,} drafts kept"
+    text = f"{counters.get('accepted', 0):,} of {counters.get('drafted', 0):,} drafts kept"
+    counted, generations = counters.get("generations"), side.get("generations")
+    # Counts over part of the side (replayed on its first generations, ``replay``) say over how many.
+    if isinstance(counted, int) and isinstance(generations, int) and counted < generations:
+        text += f" in {counted:,} of {generations:,} generations"
+    return text
 
 
 def _glance_cell(row: dict[str, Any], table: dict[str, Any]) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -13,8 +14,8 @@ from typing import Any
 
 from diagnostics.policy import Policy
 from diagnostics.verdicts.engines import ASSISTANT, GAMMA, POLICIES, TRANSFORMERS_ROWS, EngineRow, ours_generator, transformers_generator, transformers_version
-from diagnostics.verdicts.table import (Job, audited_controls, load_table, run_row, save_table, scores_auditor, stored_row,
-                                        target_auditor, upsert)
+from diagnostics.verdicts.table import (BATCH, Job, audited_controls, evidence_file, load_table, row_verdict, run_row, save_table,
+                                        scores_auditor, stored_row, target_auditor, upsert)
 
 # Raw prompts (no chat template: every engine gets the same text): one a prompt-lookup engine
 # can draft from (it repeats itself), one it mostly cannot.
@@ -42,7 +43,10 @@ ONNXRUNTIME_GENAI_ROWS = [
     EngineRow("onnxruntime-genai-ngram", "ONNX Runtime GenAI, n-gram lookup", "onnxruntime-genai",
               {"ngram_size": 3, "max_draft_tokens": GAMMA}),
 ]
-VENV_KINDS = ("vllm", "openvino", "onnxruntime-genai")  # engines in their own environment, driven through a worker (``venv_engine``)
+VENV_KINDS = ("vllm", "openvino", "onnxruntime-genai")
+# In-process engines whose generators count their drafts: a kept row made before the table kept the
+# counts gets them by replay (``--count-drafts``). Servers report theirs in each answer, or none.
+REPLAYABLE = ("transformers", "universal", "ours", "mutant")  # engines in their own environment, driven through a worker (``venv_engine``)
 ENDPOINT = "endpoint"
 # The control each kind of row shares (speculation off): its file's name.
 CONTROLS = {"transformers": "transformers-plain", "universal": "transformers-plain", "ours": "ours-plain", "mutant": "ours-plain", "server": "llama-cpp-python-plain",
@@ -370,21 +374,25 @@ def _venv_sources(row: EngineRow, setup: Setup, policy: Policy, max_tokens: int,
 
 def run_table(rows: list[EngineRow], policy_names: list[str], setup: Setup, *, out: Path, evidence: Path, store: Any,
               detect_tv: float, level: float, max_tokens: int, rerun: bool = False, endpoints: Endpoints | None = None,
-              spec: SetupSpec | None = None, workers: int = 1,
+              spec: SetupSpec | None = None, workers: int = 1, count_drafts: int = 0,
               say: Callable[[str], None] = lambda line: print(line, file=sys.stderr)) -> list[dict[str, Any]]:
     """Fill each ``(row, policy)`` of the table at ``out`` (kept rows whose evidence is unchanged are
     skipped unless ``rerun``), writing the table after every row; returns the rows run or kept.
     With ``spec`` and ``workers`` > 1, in-process engines generate their chunks of seeds in that
-    many worker processes (one torch thread each), the files written here in seed order."""
+    many worker processes (one torch thread each), the files written here in seed order. With
+    ``count_drafts``, a kept row of an in-process engine whose speculation-on side has no draft
+    counters gets them by replaying that many of its stored generations (``replay``)."""
     in_process = spec is not None and any(row.kind not in (ENDPOINT, "server", "llama-server", *VENV_KINDS) for row in rows)
     with worker_pool(workers if in_process else 1) as pool:
         return _run_table(rows, policy_names, setup, out=out, evidence=evidence, store=store, detect_tv=detect_tv, level=level,
-                          max_tokens=max_tokens, rerun=rerun, endpoints=endpoints, spec=spec, workers=workers, pool=pool, say=say)
+                          max_tokens=max_tokens, rerun=rerun, endpoints=endpoints, spec=spec, workers=workers, pool=pool,
+                          count_drafts=count_drafts, say=say)
 
 
 def _run_table(rows: list[EngineRow], policy_names: list[str], setup: Setup, *, out: Path, evidence: Path, store: Any,
                detect_tv: float, level: float, max_tokens: int, rerun: bool, endpoints: Endpoints | None,
-               spec: SetupSpec | None, workers: int, pool: Any, say: Callable[[str], None]) -> list[dict[str, Any]]:
+               spec: SetupSpec | None, workers: int, pool: Any, say: Callable[[str], None],
+               count_drafts: int = 0) -> list[dict[str, Any]]:
     table = load_table(out)
     auditor_is_scores = endpoints is not None and endpoints.scores_api is not None
     if auditor_is_scores:
@@ -404,6 +412,10 @@ def _run_table(rows: list[EngineRow], policy_names: list[str], setup: Setup, *, 
             kept = None if rerun else stored_row(table, row.name, name, evidence, made_under)
             if kept is not None:
                 say(f"{row.name} · {name}: kept ({kept['verdict']}), its evidence unchanged")
+                if count_drafts and "speculation" not in kept["on"] and row.kind in REPLAYABLE:
+                    kept = _count_drafts(kept, row, name, policy, setup, evidence, max_tokens, spec, workers, pool, count_drafts, say)
+                    upsert(table, kept)
+                    save_table(out, table)
                 done.append(kept)
                 continue
             stem = f"{row.name.replace(':', '-')}--{name}"
@@ -448,3 +460,36 @@ def _run_table(rows: list[EngineRow], policy_names: list[str], setup: Setup, *, 
             say(f"{row.name} · {name}: {result['verdict']} ({figures}{result['time_s']:.0f} s)")
             done.append(result)
     return done
+
+
+def _count_drafts(kept: dict[str, Any], row: EngineRow, name: str, policy: Policy, setup: Setup, evidence: Path, max_tokens: int,
+                  spec: SetupSpec | None, workers: int, pool: Any, count: int, say: Callable[[str], None]) -> dict[str, Any]:
+    """``kept`` with the engine's draft counters on its speculation-on side, found by replaying the
+    first ``count`` stored generations (``replay``); unchanged, with a line saying why, when a
+    replayed generation does not give its stored tokens."""
+    from diagnostics.audit.samples import load_samples
+    from diagnostics.verdicts.replay import counting_call, replay, worker_call
+
+    samples = load_samples(evidence_file(kept, "on", evidence))
+    generator = _generators(row, setup, policy, max_tokens)[0]
+    # The seeds per request ``table.fill`` gave this engine: a batch is replayed whole (its rows' sums
+    # can depend on the batch), so the count is rounded up to whole batches.
+    step = getattr(generator, "batch_size", BATCH) if getattr(generator, "batch", None) is not None else None
+    count = count if step is None else -(-count // step) * step
+    if pool is not None and spec is not None:
+        start = worker_call(partial(pool.submit, worker_chunk, spec, row.name, policy, max_tokens, True))
+    else:
+        start = counting_call(generator)
+    began = time.perf_counter()
+    found = replay(samples, count, setup.eos, start, step)
+    seconds = time.perf_counter() - began
+    counters = found.counters
+    if counters is None:
+        say(f"{row.name} · {name}: drafts not counted: {found.replayed - found.identical} of {found.replayed} replayed "
+            f"generations differ from the stored ones ({seconds:.0f} s); rerun the row (--rerun) to count them")
+        return kept
+    counted = {**kept, "on": {**kept["on"], "speculation": counters}}
+    counted["verdict"] = row_verdict(counted["on"], counted["off"])
+    say(f"{row.name} · {name}: {counters['accepted']:,} of {counters['drafted']:,} drafts kept over {found.replayed} replayed "
+        f"generations, each the stored tokens ({seconds:.0f} s) → {counted['verdict']}")
+    return counted

@@ -18,8 +18,11 @@ interpreter). The lab starts it as ``VENV/bin/python diagnostics/verdicts/worker
    kept as the last id), and the drafted and accepted token counts of this request alone as the
    engine's own metrics report them (null where the engine reports none). A request that fails
    is answered ``{"error": "one line"}`` and the worker goes on reading.
-4. When its stdin closes the worker exits 0.
+4. When its stdin closes the worker exits 0 (the OpenVINO worker exits 1 when it closes before the
+   set-up line: it never became ready).
 
 The worker's stdout carries nothing but these answers: it moves file descriptor 1 to 2 before
 importing its engine (engines print), and writes its answers to a duplicate of the original.
+What the workers share of this (the bounded line reader, the answer channel, the serving loop) is
+``_protocol.py``, standard library only, which each worker loads by its path.
 """

@@ -34,6 +34,7 @@ Environment that the worker reads (stated in the ready answer's settings):
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -42,36 +43,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-MAX_LINE_BYTES = 64 << 20  # a request is a prompt and a few seeds: far below this
+# The protocol's plumbing, shared with the other workers, lies beside this script: loaded by its path
+# (not through the lab's package, which this interpreter lacks; nor through sys.path, which -P lacks).
+_SPEC = importlib.util.spec_from_file_location("engine_worker_protocol", Path(__file__).resolve().with_name("_protocol.py"))
+protocol = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(protocol)
+
 EXPORT_TIMEOUT_S = 1800  # one builder run on 2 shared cores (a 135M model: ~30 s)
 SPECULATIVE_OPTIONS = {"max_draft_tokens": int, "ngram_size": int, "ngram_chained_lookup": bool,
                        "min_adaptive_k": int, "cooldown": bool}
 DRAFT_KEY = "draft_model"
 MODEL_FILES = ("config.json", "generation_config.json")  # with every *.safetensors: what an export depends on
-
-
-def one_line(error: BaseException | str) -> str:
-    """An error as one line: its type and message, whitespace folded, cut to 400 characters."""
-    text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
-    return " ".join(str(text).split())[:400] or "unknown error"
-
-
-def read_message(stdin: Any) -> dict[str, Any] | None:
-    """The next JSON object from ``stdin`` (``None`` at its end); ``ValueError`` for a bad line."""
-    while True:
-        line = stdin.readline(MAX_LINE_BYTES + 1)
-        if not line:
-            return None
-        if len(line) > MAX_LINE_BYTES:
-            while line and not line.endswith(b"\n"):  # skip the rest of it: one error answers one line
-                line = stdin.readline(MAX_LINE_BYTES)
-            raise ValueError(f"a line longer than {MAX_LINE_BYTES >> 20} MiB")
-        if line.strip():
-            break
-    message = json.loads(line.decode("utf-8"))
-    if not isinstance(message, dict):
-        raise ValueError("a message that is not a JSON object")
-    return message
 
 
 def _int(value: Any, name: str, minimum: int | None = None, maximum: int | None = None) -> int:
@@ -80,14 +62,6 @@ def _int(value: Any, name: str, minimum: int | None = None, maximum: int | None 
         bounds = "" if minimum is None else f" in [{minimum}, {'∞' if maximum is None else maximum}]"
         raise ValueError(f"{name} must be an integer{bounds}, got {value!r}")
     return value
-
-
-def _float(value: Any, name: str) -> float | None:
-    if value is None:
-        return None
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise ValueError(f"{name} must be a number or null, got {value!r}")
-    return float(value)
 
 
 def _ids(value: Any, name: str, *, nonempty: bool, maximum: int = 2**31 - 1) -> list[int]:
@@ -278,11 +252,11 @@ class Engine:
         prompt = _ids(request.get("prompt_ids"), "prompt_ids", nonempty=True, maximum=self.vocab_size - 1)
         seeds = _ids(request.get("seeds"), "seeds", nonempty=True)
         max_tokens = _int(request.get("max_tokens"), "max_tokens", 1, self.context_length - len(prompt))
-        temperature = _float(request.get("temperature"), "temperature")
+        temperature = protocol.number_or_null(request.get("temperature"), "temperature")
         top_k = request.get("top_k")
         top_k = 0 if top_k is None else _int(top_k, "top_k", 0, self.vocab_size)
-        top_p = _float(request.get("top_p"), "top_p")
-        if _float(request.get("min_p"), "min_p") is not None:
+        top_p = protocol.number_or_null(request.get("top_p"), "top_p")
+        if protocol.number_or_null(request.get("min_p"), "min_p") is not None:
             raise ValueError("onnxruntime-genai has no min_p: this policy cannot run on it")
         eos = set(_ids(request.get("eos_ids", []), "eos_ids", nonempty=False))
         greedy = temperature == 0.0
@@ -321,37 +295,9 @@ def _installed(name: str) -> str | None:
 
 def main() -> int:
     """Serve the protocol on stdin/stdout; the exit status (0 when stdin closed, 1 for a failed set-up)."""
-    # Answers go to a duplicate of the original stdout; fd 1 becomes stderr, so whatever the engine,
-    # its builder or a C library prints lands in the log, never in the answers.
-    answers = os.fdopen(os.dup(1), "w", encoding="utf-8")
-    os.dup2(2, 1)
-    stdin = sys.stdin.buffer
-
-    def answer(payload: dict[str, Any]) -> None:
-        answers.write(json.dumps(payload) + "\n")
-        answers.flush()
-
-    try:
-        setup = read_message(stdin)
-        if setup is None:
-            return 0
-        engine = Engine(setup)
-    except Exception as error:
-        answer({"error": f"onnxruntime-genai worker set-up failed: {one_line(error)}"})
-        return 1
-    answer({"ready": True, "engine": engine.settings["engine"], "settings": engine.settings})
-    while True:
-        try:
-            request = read_message(stdin)
-        except Exception as error:
-            answer({"error": f"unreadable request: {one_line(error)}"})
-            continue
-        if request is None:
-            return 0
-        try:
-            answer(engine.generate(request))
-        except Exception as error:
-            answer({"error": f"onnxruntime-genai: {one_line(error)}"})
+    # Whatever the engine, its builder or a C library prints lands in the log (stderr), never in the answers.
+    return protocol.serve(Engine, set_up_failed="onnxruntime-genai worker set-up failed: ",
+                          generate_failed="onnxruntime-genai: ")
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ optimum-intel's exporter in a child process of the same interpreter.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -43,6 +44,12 @@ import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+# The protocol's plumbing, shared with the other workers, lies beside this script: loaded by its path
+# (not through the lab's package, which this interpreter lacks; nor through sys.path, which -P lacks).
+_SPEC = importlib.util.spec_from_file_location("engine_worker_protocol", Path(__file__).resolve().with_name("_protocol.py"))
+protocol = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(protocol)
 
 DEVICE = "CPU"
 WEIGHT_FORMAT = "fp32"  # no compression: the IR holds the checkpoint's values exactly (fp32/bf16)
@@ -406,16 +413,10 @@ def settings(setup: dict[str, Any], engine: Engine, target: dict[str, Any], draf
 
 def read_line(stream: Any) -> bytes | None:
     """One line of at most ``MAX_LINE_BYTES`` (a longer one is consumed and refused); None at EOF."""
-    line = stream.readline(MAX_LINE_BYTES + 1)
-    if not line:
-        return None
-    if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
-        while True:  # drop the rest of the over-long line
-            rest = stream.readline(MAX_LINE_BYTES)
-            if not rest or rest.endswith(b"\n"):
-                break
-        raise WorkerError(f"a line over {MAX_LINE_BYTES} bytes was refused")
-    return line
+    try:
+        return protocol.read_line(stream, MAX_LINE_BYTES)
+    except ValueError:  # the over-long line, already read to its end
+        raise WorkerError(f"a line over {MAX_LINE_BYTES} bytes was refused") from None
 
 
 def decode(line: bytes) -> Any:
@@ -456,14 +457,8 @@ def vocabulary(ir: Path) -> int | None:
 def main() -> int:
     # Answers go to a duplicate of the original stdout; fd 1 becomes stderr before the engine is
     # imported, so whatever it (or its C++ core) prints cannot corrupt the protocol.
-    answers = os.fdopen(os.dup(1), "w", encoding="utf-8")
-    os.dup2(2, 1)
+    answer = protocol.answer_channel()
     sys.stdout = sys.stderr
-
-    def answer(message: dict[str, Any]) -> None:
-        answers.write(json.dumps(message) + "\n")
-        answers.flush()
-
     stdin = sys.stdin.buffer
     try:
         engine, ready = start(read_line(stdin))

@@ -25,27 +25,26 @@ Environment that the worker reads (each stated in the ready answer's settings):
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
-import traceback
 from pathlib import Path
 from typing import Any
 
+# The protocol's plumbing, shared with the other workers, lies beside this script: loaded by its path
+# (not through the lab's package, which this interpreter lacks; nor through sys.path, which -P lacks).
+_SPEC = importlib.util.spec_from_file_location("engine_worker_protocol", Path(__file__).resolve().with_name("_protocol.py"))
+protocol = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(protocol)
+
 PRELOAD_FILE = Path(sys.prefix) / "vllm-preload"
-MAX_LINE_BYTES = 64 << 20  # a request is a prompt and a few seeds: far below this
 DRAFT_METRIC = "vllm:spec_decode_num_draft_tokens"
 ACCEPTED_METRIC = "vllm:spec_decode_num_accepted_tokens"
 DEFAULTS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "2"}
 # What this process was started with: vLLM's CPU platform later edits os.environ["LD_PRELOAD"]
 # for processes it would start, which says nothing about what this one loaded.
 STARTED_WITH_PRELOAD = os.environ.get("LD_PRELOAD", "")
-
-
-def one_line(error: BaseException | str) -> str:
-    """An error as one line: its type and message, whitespace folded, cut to 400 characters."""
-    text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
-    return " ".join(str(text).split())[:400] or "unknown error"
 
 
 def reexec_with_preload() -> None:
@@ -63,36 +62,10 @@ def reexec_with_preload() -> None:
     os.execve(sys.executable, [sys.executable, os.path.abspath(__file__)], env)
 
 
-def read_message(stdin: Any) -> dict[str, Any] | None:
-    """The next JSON object from ``stdin`` (``None`` at its end); ``ValueError`` for a bad line."""
-    while True:
-        line = stdin.readline(MAX_LINE_BYTES + 1)
-        if not line:
-            return None
-        if len(line) > MAX_LINE_BYTES:
-            while line and not line.endswith(b"\n"):  # skip the rest of it: one error answers one line
-                line = stdin.readline(MAX_LINE_BYTES)
-            raise ValueError(f"a line longer than {MAX_LINE_BYTES >> 20} MiB")
-        if line.strip():
-            break
-    message = json.loads(line.decode("utf-8"))
-    if not isinstance(message, dict):
-        raise ValueError("a message that is not a JSON object")
-    return message
-
-
 def _int(value: Any, name: str, minimum: int | None = None) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or (minimum is not None and value < minimum):
         raise ValueError(f"{name} must be an integer{'' if minimum is None else f' >= {minimum}'}, got {value!r}")
     return value
-
-
-def _float(value: Any, name: str) -> float | None:
-    if value is None:
-        return None
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise ValueError(f"{name} must be a number or null, got {value!r}")
-    return float(value)
 
 
 def _ids(value: Any, name: str, *, nonempty: bool) -> list[int]:
@@ -245,11 +218,11 @@ class Engine:
         prompt = _ids(request.get("prompt_ids"), "prompt_ids", nonempty=True)
         seeds = _ids(request.get("seeds"), "seeds", nonempty=True)
         max_tokens = _int(request.get("max_tokens"), "max_tokens", 1)
-        temperature = _float(request.get("temperature"), "temperature")
+        temperature = protocol.number_or_null(request.get("temperature"), "temperature")
         top_k = request.get("top_k")
         top_k = 0 if top_k is None else _int(top_k, "top_k", 0)
-        top_p = _float(request.get("top_p"), "top_p")
-        min_p = _float(request.get("min_p"), "min_p")
+        top_p = protocol.number_or_null(request.get("top_p"), "top_p")
+        min_p = protocol.number_or_null(request.get("min_p"), "min_p")
         eos = _ids(request.get("eos_ids", []), "eos_ids", nonempty=False)
         params = [self.SamplingParams(seed=seed, max_tokens=max_tokens, temperature=1.0 if temperature is None else temperature,
                                       top_k=top_k, top_p=1.0 if top_p is None else top_p, min_p=0.0 if min_p is None else min_p,
@@ -281,45 +254,15 @@ class Engine:
                 except TypeError:
                     engine.abort_request(list(states))
             except Exception as error:  # the next request reports a broken engine itself
-                print(f"vllm_worker: aborting unfinished requests failed: {one_line(error)}", file=sys.stderr)
+                print(f"vllm_worker: aborting unfinished requests failed: {protocol.one_line(error)}", file=sys.stderr)
 
 
 def main() -> int:
     """Serve the protocol on stdin/stdout; the exit status (0 when stdin closed, 1 for a failed set-up)."""
     reexec_with_preload()
-    # Answers go to a duplicate of the original stdout; fd 1 becomes stderr, so whatever vLLM,
-    # torch or a C library prints lands in the log, never in the answers.
-    answers = os.fdopen(os.dup(1), "w", encoding="utf-8")
-    os.dup2(2, 1)
-    stdin = sys.stdin.buffer
-
-    def answer(payload: dict[str, Any]) -> None:
-        answers.write(json.dumps(payload) + "\n")
-        answers.flush()
-
-    try:
-        setup = read_message(stdin)
-        if setup is None:
-            return 0
-        engine = Engine(setup)
-    except Exception as error:
-        traceback.print_exc()  # the whole story goes to the log (stderr); the answer is one line
-        answer({"error": f"vllm worker set-up failed: {one_line(error)}"})
-        return 1
-    answer({"ready": True, "engine": engine.settings["engine"], "settings": engine.settings})
-    while True:
-        try:
-            request = read_message(stdin)
-        except Exception as error:
-            answer({"error": f"unreadable request: {one_line(error)}"})
-            continue
-        if request is None:
-            return 0
-        try:
-            answer(engine.generate(request))
-        except Exception as error:
-            traceback.print_exc()
-            answer({"error": f"vllm generate failed: {one_line(error)}"})
+    # Whatever vLLM, torch or a C library prints lands in the log (stderr), never in the answers.
+    return protocol.serve(Engine, set_up_failed="vllm worker set-up failed: ", generate_failed="vllm generate failed: ",
+                          tracebacks=True)
 
 
 if __name__ == "__main__":
