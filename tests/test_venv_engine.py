@@ -149,3 +149,23 @@ def test_ids_outside_the_vocabulary_are_an_engine_error(planted, tiny, tmp_path:
     planted("out-of-vocab")
     [row] = _table(tiny, tmp_path, ["vllm-ngram"], ["t1"])
     assert row["verdict"] == ENGINE_ERROR and "outside the target's vocabulary" in row["on"]["error"], row["on"]
+
+
+def test_an_eagle3_row_gets_a_whole_vocabulary_head_without_a_vocabulary_map(tiny, monkeypatch, tmp_path: Path) -> None:
+    """The vllm-eagle3 row's head (everyday, about 1 s on the tiny target): made once, in the layout
+    vLLM loads (no d2t/t2d over the whole vocabulary), and one that our own loader reads back; a
+    target other than the embedded one is refused in one line before anything is made."""
+    from safetensors import safe_open
+
+    from diagnostics.heads import load_head
+
+    monkeypatch.setattr(venv_engine, "HEADS", tmp_path / "heads")
+    folder = venv_engine.eagle3_head_folder(tiny.target)
+    with safe_open(str(folder / "model.safetensors"), "pt") as handle:
+        assert not {"d2t", "t2d"} & set(handle.keys()) and "fc.weight" in handle.keys()
+    made = (folder / "model.safetensors").stat().st_mtime_ns
+    assert venv_engine.eagle3_head_folder(tiny.target) == folder and (folder / "model.safetensors").stat().st_mtime_ns == made
+    assert load_head("eagle3", str(folder), tiny.target).module.t2d.all()
+    assert sorted(path.name for path in (tmp_path / "heads").iterdir()) == ["eagle3-random-0"]  # no partial folder left
+    with pytest.raises(ValueError, match="run it with --target default"):
+        verdicts_run._eagle3_head(tiny)

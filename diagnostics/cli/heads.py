@@ -34,7 +34,7 @@ def add_parser(commands: Any) -> None:
     make = commands.add_parser(
         "make-head", help="write an untrained EAGLE-3 or Medusa head for a target (to try heads without a checkpoint)",
         description="Random weights in the published on-disk layout: config.json and model.safetensors (EAGLE-3: fc, "
-                    "midlayer.*, norm, lm_head, d2t, t2d) or medusa_lm_head.safetensors. Draft with it by "
+                    "midlayer.*, norm, lm_head, and d2t, t2d for a smaller --draft-vocab) or medusa_lm_head.safetensors. Draft with it by "
                     "--draft eagle3:DIR or --draft medusa:DIR. Medusa heads start where Medusa's training does (--init "
                     "target: residual blocks the identity, each head a copy of the target's lm_head), so they draft the "
                     "target's next-token law a few tokens late; random heads (EAGLE-3, or --init random) draft near "

@@ -22,6 +22,9 @@ POLICIES: dict[str, Policy] = {"t1": Policy(temperature=1.0), "t1-top-k-20": Pol
 # transformers' assistant: drafts per block where the row fixes them.
 GAMMA = 4
 ASSISTANT = "the draft model (default: the target's first layers, as a model)"
+# An engine's EAGLE-3 head for the embedded target: untrained (``make-head``, seed 0), so it is
+# rarely accepted; what it tests is the engine's sampling path with an EAGLE-3 drafter.
+EAGLE3_HEAD = "an untrained EAGLE-3 head for the target (make-head eagle3, seed 0)"
 PROMPT_LOOKUP_TOKENS = 4
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from diagnostics.policy import Policy
-from diagnostics.verdicts.engines import ASSISTANT, GAMMA, POLICIES, TRANSFORMERS_ROWS, EngineRow, ours_generator, transformers_generator, transformers_version
+from diagnostics.verdicts.engines import ASSISTANT, EAGLE3_HEAD, GAMMA, POLICIES, TRANSFORMERS_ROWS, EngineRow, ours_generator, transformers_generator, transformers_version
 from diagnostics.verdicts.table import (BATCH, Job, audited_controls, evidence_file, load_table, row_verdict, run_row, save_table,
                                         scores_auditor, stored_row, target_auditor, upsert)
 
@@ -31,6 +31,8 @@ VLLM_ROWS = [
               {"method": "ngram", "num_speculative_tokens": GAMMA, "prompt_lookup_max": 4, "prompt_lookup_min": 1}),
     EngineRow("vllm-draft", "vLLM (CPU build), draft model", "vllm",
               {"method": "draft_model", "model": ASSISTANT, "num_speculative_tokens": GAMMA}),
+    EngineRow("vllm-eagle3", "vLLM (CPU build), EAGLE-3 head (untrained)", "vllm",
+              {"method": "eagle3", "model": EAGLE3_HEAD, "num_speculative_tokens": GAMMA}),
 ]
 OPENVINO_ROWS = [
     EngineRow("openvino-draft", "OpenVINO GenAI, draft model", "openvino", {"draft_model": ASSISTANT, "num_assistant_tokens": GAMMA}),
@@ -339,6 +341,16 @@ def engine_models(setup: Setup, needs_draft: bool) -> tuple[str, str | None]:
     raise ValueError("this engine loads its draft as a model of its own: give --draft FOLDER or hub id")
 
 
+def _eagle3_head(setup: Setup) -> str:
+    """The folder of the EAGLE-3 head an engine's EAGLE-3 row loads: made for the embedded target."""
+    from diagnostics.models import DEFAULT_TARGET
+    from diagnostics.verdicts.venv_engine import eagle3_head_folder
+
+    if setup.target_source != DEFAULT_TARGET:
+        raise ValueError("an EAGLE-3 row makes its untrained head for the embedded target: run it with --target default")
+    return str(eagle3_head_folder(setup.target))
+
+
 @contextmanager
 def _venv_sources(row: EngineRow, setup: Setup, policy: Policy, max_tokens: int,
                   stem: Path) -> Iterator[tuple[str, bool, dict[bool, Any], dict[str, Any]]]:
@@ -351,7 +363,9 @@ def _venv_sources(row: EngineRow, setup: Setup, policy: Policy, max_tokens: int,
     engine = ENGINES[row.kind]
     python = engine.python()  # not built: the command's one-line error, with the script to run
     target, draft = engine_models(setup, any(value == ASSISTANT for value in row.speculative.values()))
-    speculative = {name: (draft if value == ASSISTANT else value) for name, value in row.speculative.items()}
+    head = _eagle3_head(setup) if EAGLE3_HEAD in row.speculative.values() else None
+    speculative = {name: (draft if value == ASSISTANT else head if value == EAGLE3_HEAD else value)
+                   for name, value in row.speculative.items()}
     stated: dict[str, Any] = {}
     workers, generators = {}, {}
     for on in (True, False):

@@ -33,6 +33,7 @@ START_TIMEOUT_S = 900.0  # an engine's first start compiles, exports or warms up
 REQUEST_TIMEOUT_S = 3600.0  # one request's seeds (``VenvEngine.batch_size``): 64 at once, or 8 one after another
 MAX_ANSWER_BYTES = 64 << 20  # 64 seeds × a few thousand ids each is far below this
 DRAFTS = ROOT / "data" / "engines" / "drafts"
+HEADS = ROOT / "data" / "engines" / "heads"
 
 
 @dataclass(frozen=True)
@@ -311,4 +312,23 @@ def draft_folder(layer: int) -> Path:
                 partial.rename(folder)
         finally:
             shutil.rmtree(partial, ignore_errors=True)  # another process finished first, or this one failed
+    return folder
+
+
+def eagle3_head_folder(target: Any) -> Path:
+    """An untrained EAGLE-3 head for the embedded ``target`` (``make-head eagle3``, seed 0, over the
+    whole vocabulary, so its file carries no d2t/t2d, as vLLM reads it), made once, atomically."""
+    from diagnostics.heads import make_head
+
+    folder = HEADS / "eagle3-random-0"
+    if not (folder / "config.json").is_file():
+        partial = folder.with_name(folder.name + f".partial-{os.getpid()}")
+        try:
+            shutil.rmtree(partial, ignore_errors=True)
+            make_head("eagle3", target, partial, seed=0)
+            if not (folder / "config.json").is_file():
+                shutil.rmtree(folder, ignore_errors=True)
+                partial.rename(folder)
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
     return folder
