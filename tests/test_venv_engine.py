@@ -102,10 +102,10 @@ def tiny(tmp_path_factory) -> verdicts_run.Setup:
     return verdicts_run.load_setup(folder, layer=1, prompts=["w1 w2"], draft_spec=folder)
 
 
-def _table(tiny, tmp_path: Path, rows: list[str], policies: list[str]) -> list[dict]:
+def _table(tiny, tmp_path: Path, rows: list[str], policies: list[str], rerun: bool = False) -> list[dict]:
     done = verdicts_run.run_table([verdicts_run.engine_rows()[name] for name in rows], policies, tiny, out=tmp_path / "table.json",
                                   evidence=tmp_path / "evidence", store=None, detect_tv=DETECT_TV, level=0.01,
-                                  max_tokens=MAX_TOKENS, say=lambda line: None)
+                                  max_tokens=MAX_TOKENS, rerun=rerun, say=lambda line: None)
     table = json.loads((tmp_path / "table.json").read_text())
     assert check_table(table) is None
     return done
@@ -134,6 +134,12 @@ def test_an_honest_engine_passes_with_its_counters_and_a_crash_under_top_k_is_an
     assert "index -188010736 is out of bounds" in crashed["on"]["error"] and "crashed at seed 0" in crashed["on"]["error"]
     shown = display_rows({"rows": [crashed]})[0]["verdict"]
     assert shown.startswith(ENGINE_ERROR) and "out of bounds" in shown
+    # Made again (--rerun), a row's engine log starts anew: it tells of this run only.
+    crashed_log = tmp_path / "evidence" / "vllm-draft--t1-top-k-20--on.log"
+    crashed_log.write_text(crashed_log.read_text() + "A LINE FROM THE RUN BEFORE\n")
+    [again] = _table(tiny, tmp_path, ["vllm-draft"], ["t1-top-k-20"], rerun=True)
+    assert again["verdict"] == ENGINE_ERROR and "A LINE FROM THE RUN BEFORE" not in crashed_log.read_text()
+    assert "planted engine loading" in crashed_log.read_text()
 
 
 @pytest.mark.slow

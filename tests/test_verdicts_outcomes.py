@@ -66,14 +66,19 @@ def _counting(drafted_per_call: int, accepted_per_call: int):
 
 
 def test_an_engine_that_raises_is_an_engine_error_with_its_message(target, tmp_path: Path) -> None:
+    asked: list[int] = []
+
     def raising(plain):
         def run(prompt_ids, seed):
+            asked.append(seed)
             if seed >= 3:
                 raise IndexError("index -188010736 is out of bounds for dimension 1 with size 49152")
             return plain(prompt_ids, seed)
         return run
 
     row = _row(target, tmp_path, raising)
+    # The side ends at the first seed that crashes: the rest of the chunk is not asked to crash again.
+    assert asked == [0, 1, 2, 3], asked
     assert row["verdict"] == ENGINE_ERROR and row["on"]["verdict"] == "error" and row["off"]["verdict"] != "error"
     assert "crashed at seed 3" in row["on"]["error"] and "out of bounds for dimension 1" in row["on"]["error"]
     assert "\n" not in row["on"]["error"]

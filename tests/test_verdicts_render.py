@@ -90,3 +90,8 @@ def test_counts_over_part_of_a_side_say_over_how_many_generations() -> None:
     [row] = glance_rows({"rows": [_row("ours", "ours", "t1", on=part), _row("ours", "ours", "t1-top-k-20", on=whole)]})
     assert row.cells["temperature 1"] == "pass · p 0.4 · 26 of 127 drafts kept in 32 of 336 generations"
     assert row.cells["temperature 1 · top-k 20"] == "pass · p 0.4 · 260 of 1,270 drafts kept"
+
+
+def test_a_p_value_that_underflowed_reads_as_tiny_not_zero() -> None:
+    [row] = glance_rows({"rows": [_row("vllm-eagle3", "vLLM, EAGLE-3", "t1", "fail", on=_side(verdict="fail", p_value=0.0))]})
+    assert row.cells["temperature 1"].startswith("fail · p < 1e-300")

@@ -92,7 +92,14 @@ def test_a_raising_generate_answers_one_error_line_and_the_worker_goes_on(model_
     assert "error" in worker.answer()
     worker.send(_request([2], [1], 2, []))
     assert worker.answer()["outputs"] == [FAKE.fake_tokens([2], 1, 2)]
-    assert worker.close()[:2] == (0, b"")
+    # The same fault again (the lab retries a failed batch seed by seed): its traceback is logged once.
+    for _ in range(3):
+        worker.send(_request([1], [FAKE.RAISING_SEED], 4, []))
+        assert "out of bounds" in worker.answer()["error"]
+    status, left, log = worker.close()
+    assert (status, left) == (0, b"")
+    # two stories in all: the out-of-bounds fault's and the request without a prompt's
+    assert log.count("Traceback") == 2 and log.count("again: IndexError: index -188010736") == 3, log[-2000:]
 
 
 def test_a_failed_set_up_is_one_error_line_and_exit_1(model_folder: Path, tmp_path: Path) -> None:

@@ -177,9 +177,12 @@ AUXILIARY_SEED = 12345
 BATCH_SEEDS = 64  # seeds generated as one batch when the generator can batch (``generate_fn.batch``)
 
 
-def _generate_chunk(generate_fn: Generator, batch: Callable | None, prompt_ids: list[int], seeds: list[int]) -> list:
+def _generate_chunk(generate_fn: Generator, batch: Callable | None, prompt_ids: list[int], seeds: list[int],
+                    first_error_only: bool = False) -> list:
     """Each seed's tokens, or the exception its generation raised. A batch that raises is run again
-    seed by seed, so a crash is charged to the seeds that crash."""
+    seed by seed, so a crash is charged to the seeds that crash; with ``first_error_only`` the list
+    ends at the first seed that raises (the verdict table stops there: the rest would only repeat
+    the crash, and an engine's log with it)."""
     if batch is not None:
         try:
             return [list(tokens) for tokens in batch(list(prompt_ids), [int(seed) for seed in seeds])]
@@ -191,6 +194,8 @@ def _generate_chunk(generate_fn: Generator, batch: Callable | None, prompt_ids: 
             outputs.append(list(generate_fn(list(prompt_ids), int(seed))))
         except Exception as error:  # noqa: BLE001 - recorded as this seed's crash
             outputs.append(error)
+            if first_error_only:
+                break
     return outputs
 
 

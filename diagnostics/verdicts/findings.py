@@ -35,6 +35,7 @@ FINDINGS = {
     "llama-server": Finding("llama-server-speculative-length-limit", "drops accepted tokens at the length limit"),
     "vllm-ngram": Finding("vllm-cpu-sampled-speculation", "sampled speculation breaks on the CPU build"),
     "vllm-draft": Finding("vllm-cpu-sampled-speculation", "sampled speculation breaks on the CPU build"),
+    "vllm-eagle3": Finding("vllm-cpu-sampled-speculation", "sampled speculation breaks on the CPU build"),
     "openvino-draft": Finding("openvino-genai-speculative-sampling", "its acceptance test is not the lossless rule"),
 }
 

@@ -74,7 +74,10 @@ def _side_p(side: dict[str, Any]) -> str:
         count = side.get(key)
         if isinstance(count, int) and not isinstance(count, bool) and count > 0:
             extra += f" · {count:,} {words}"
-    return f"{_figure(side.get('p_value'), '.2g')}{extra}"
+    p_value = side.get("p_value")
+    # A p-value below the smallest double is stored as 0: it is tiny, not zero.
+    shown = "< 1e-300" if p_value == 0 and not isinstance(p_value, bool) else _figure(p_value, ".2g")
+    return f"{shown}{extra}"
 
 
 def _verdict_cell(row: dict[str, Any]) -> str:

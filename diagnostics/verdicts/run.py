@@ -170,7 +170,7 @@ def worker_chunk(spec: SetupSpec, row_name: str, policy: Policy, max_tokens: int
     generator = _GENERATORS[key][0 if speculative else 1]
     counters = getattr(generator, "counters", None)
     before = dict(counters) if isinstance(counters, dict) else None
-    outputs = _generate_chunk(generator, getattr(generator, "batch", None), prompt_ids, seeds)
+    outputs = _generate_chunk(generator, getattr(generator, "batch", None), prompt_ids, seeds, first_error_only=True)
     if before is None:
         return outputs
     # The engine's counters for this chunk alone (the generator lives on in this worker): the verdict
@@ -439,6 +439,8 @@ def _run_table(rows: list[EngineRow], policy_names: list[str], setup: Setup, *, 
             paths = {True: evidence / f"{stem}--on.jsonl", False: evidence / f"{control}--{name}--off.jsonl"}
             if rerun:
                 paths[True].unlink(missing_ok=True)
+                for side in ("on", "off"):  # an engine's log is appended to while a row continues; a new row starts it anew
+                    (evidence / f"{stem}--{side}.log").unlink(missing_ok=True)
                 if paths[False] not in rerun_controls:  # a control shared by several rerun rows is made once
                     paths[False].unlink(missing_ok=True)
                     rerun_controls.add(paths[False])

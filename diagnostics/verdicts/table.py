@@ -113,7 +113,8 @@ def fill(job: Job, tokens_wanted: int, eos: set[int], engine_label: str,
                 outputs = [_worker_outputs(job, future.result()) for future in futures]
             elif job.collect is None:
                 batch = getattr(job.generator, "batch", None)
-                outputs = [_generate_chunk(job.generator, batch, prompt_ids, seeds) for _, prompt_ids, seeds in chunks]
+                outputs = [_generate_chunk(job.generator, batch, prompt_ids, seeds, first_error_only=True)
+                           for _, prompt_ids, seeds in chunks]
         except KeyboardInterrupt:
             raise
         except Exception as error:
