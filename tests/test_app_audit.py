@@ -137,10 +137,16 @@ def test_the_verdict_table_links_each_row_to_its_stored_audits(database, tmp_pat
     assert not any("evil" in element.value for element in [*at.markdown, *at.caption])
     # At a glance: one row per engine mode, its policies side by side, the verdict with its p-value
     # and what the engine's counters say (none here: "drafts not counted").
-    [glance] = [frame.value for frame in at.dataframe if "temperature 1" in frame.value.columns]
-    glance = getattr(glance, "data", glance)  # a Styler (the verdict colours) holds the frame as .data
-    assert glance["engine"].tolist() == ["vLLM [x](http://evil) **bold**"]
-    assert glance["temperature 1"].tolist() == ["pass · p 0.5 · drafts not counted"]
+    # It is HTML that wraps to the page's width (a grid of fixed columns was cut at a laptop's width),
+    # the file's text escaped in it: a label with markup is shown as its characters.
+    [glance] = [element.proto.body for element in at.get("html") if "verdict-glance" in element.proto.body]
+    assert '<td class="verdict-pass">pass · p 0.5 · drafts not counted</td>' in glance
+    assert "<td>vLLM [x](http://evil) **bold**</td>" in glance and "width: 100%" in glance and "overflow-wrap: anywhere" in glance
+    hostile = {**row, "label": '<img src=x onerror="alert(1)">'}
+    table.write_text(json.dumps({"rows": [hostile]}))
+    at = _audit_page()
+    [glance] = [element.proto.body for element in at.get("html") if "verdict-glance" in element.proto.body]
+    assert "<img" not in glance and "&lt;img src=x onerror=&quot;alert(1)&quot;&gt;" in glance
     table.write_text('{"rows": "no"}')
     at = _audit_page()
     assert any("not a verdict table" in element.value for element in at.error) and table.read_text() == '{"rows": "no"}'

@@ -343,3 +343,15 @@ def test_tree_engine_audit_passes_ours_and_fails_each_planted_tree_bug(capsys) -
     assert "audit it with --tree" in capsys.readouterr().err
     assert main(["audit", "--tree", "3,2,1"]) == 2
     assert "--tree audits the tree engine" in capsys.readouterr().err
+
+
+def test_writing_an_engines_samples_shows_progress_without_a_terminal(tmp_path, capsys) -> None:
+    """A long ``--write-samples`` run redirected to a file or CI log says it is alive (everyday, ~2 s
+    on the tiny target): stderr is not a terminal here, and the progress lines still come."""
+    from diagnostics.cli import main
+
+    out = tmp_path / "ours.jsonl"
+    assert main(["audit", "--engine", "ours", "--generations", "20", "--max-new-tokens", "4", "--write-samples", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "writing the generations of ours (lossless engine): generation 20/20" in err and "wrote 20 generations" in err
+    assert len(out.read_text().splitlines()) == 20

@@ -1,6 +1,6 @@
 """Closed forms against brute-force enumeration of each rule's mechanism, and the paper's limits.
 
-The reference below is written straight from the table of VERIFICATION.md in plain Python
+The reference below is written straight from the table of docs/maths.md#single-draft-rules in plain Python
 loops, independent of ``diagnostics.rules``: for every token ``x`` the draft could propose it
 adds ``q(x)·a(x)`` to ``x`` and ``q(x)·(1 − a(x))·f(v)`` to every ``v``.
 """
@@ -43,7 +43,7 @@ def _entropy(p: list[float]) -> float:
 
 
 def reference_triple(spec: str, p: list[float], q: list[float]) -> tuple[list[float], list[float]]:
-    """``(a, f)`` for one rule, transcribed from VERIFICATION.md's table."""
+    """``(a, f)`` for one rule, transcribed from the table in docs/maths.md#single-draft-rules."""
     name, _, args = spec.partition(":")
     params = [float(x) for x in args.split(",")] if args else []
     V = len(p)

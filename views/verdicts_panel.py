@@ -16,7 +16,7 @@ import streamlit as st
 from diagnostics.engine import eos_ids
 from diagnostics.models import DEFAULT_TARGET, EMBEDDED_NAME, ModelError
 from diagnostics.store import Store
-from diagnostics.verdicts.render import VERDICT_COLOURS, display_rows, glance_rows, policy_text
+from diagnostics.verdicts.render import display_rows, glance_html, glance_rows, policy_text
 from diagnostics.verdicts.table import evidence_unchanged, load_table, reaudit_side
 from views.common import cached_model, plain, show_error
 
@@ -38,12 +38,7 @@ def verdict_table(store: Store, save: Callable[[dict], None]) -> None:
         st.info("No verdicts yet: `python -m diagnostics verdicts` runs the table (each engine with speculation on and off).")
         return
     glance = glance_rows(table)
-    frame = pd.DataFrame([row.cells for row in glance])
-    colours = pd.DataFrame([{name: f"background-color: {VERDICT_COLOURS[row.classes[name]]}; color: white" if name in row.classes
-                             else "" for name in row.cells} for row in glance])
-    st.dataframe(frame.style.apply(lambda _: colours, axis=None), hide_index=True, key="verdict_glance", width="stretch",
-                 column_config={name: st.column_config.TextColumn(name, width="large") for name in frame.columns
-                                if name not in ("engine", "version", "finding")})
+    st.html(glance_html(table))  # every cell escaped by glance_html: the table file may come from elsewhere
     st.caption("One row per engine mode, its policies side by side, each verdict coloured: green pass, red fail, amber "
                "inconclusive, purple engine error, grey speculation inactive (the engine's own counters say it drafted or kept "
                "nothing), orange control failed (speculation off already failed: the settings did not match). Each engine "

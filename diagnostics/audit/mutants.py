@@ -1,4 +1,4 @@
-"""Planted bugs: one per bug class of VERIFICATION.md, each to be caught by some audit layer.
+"""Planted bugs: one per bug class of docs/maths.md#planted-bugs, each to be caught by some audit layer.
 
 Rule level (one verification step; ``Verify`` adapters): residual by softmax, accept coin reused
 for the residual, greedy draft scored with its softmax, raw vs processed ``q``, temperature on

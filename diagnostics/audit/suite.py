@@ -170,9 +170,12 @@ def run_engine_audit(implementation: str, setup: EngineSetup, generations: int =
                            eos=setup.eos, implementation=plan.name, settings=plan.settings, progress=progress)
 
 
-def engine_samples(plan: EnginePlan, setup: EngineSetup, path: str, engine: str | None = None) -> int:
+def engine_samples(plan: EnginePlan, setup: EngineSetup, path: str, engine: str | None = None,
+                   progress: Callable[[int, int], None] | None = None) -> int:
     """Write the plan's seeded generations (each cut after its first EOS) as a samples file, the
-    format ``audit --samples`` reads, and return how many were written (a crashed seed has none)."""
+    format ``audit --samples`` reads, and return how many were written (a crashed seed has none).
+    The file is rewritten after each batch of seeds, so a stopped run leaves what it made;
+    ``progress(done, total)`` after each batch."""
     from diagnostics.audit.engine_level import BATCH_SEEDS, _generate_chunk
     from diagnostics.audit.samples import Sample, write_samples
 
@@ -190,7 +193,11 @@ def engine_samples(plan: EnginePlan, setup: EngineSetup, path: str, engine: str 
             samples.append(Sample(prompt=setup.description.get("prompt", ""), token_ids=list(tokens), temperature=policy.temperature,
                                   top_k=policy.top_k, top_p=policy.top_p, min_p=policy.min_p, prompt_ids=list(setup.prompt_ids),
                                   engine=engine or plan.name, speculative=True, seed=int(seed)))
-    write_samples(path, samples)
+        write_samples(path, samples)
+        if progress is not None:
+            progress(first + len(chunk), len(seeds))
+    if not seeds:
+        write_samples(path, samples)
     return len(samples)
 
 

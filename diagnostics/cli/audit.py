@@ -196,7 +196,7 @@ def _write_engine_samples(args: argparse.Namespace, implementation: str) -> None
 
     setup = _setup(args)
     plan = _engine_plan(args, implementation, setup)
-    count = engine_samples(plan, setup, args.write_samples)
+    count = engine_samples(plan, setup, args.write_samples, progress=_progress(f"writing the generations of {plan.name}"))
     print(f"wrote {count} generations of {plan.name} to {args.write_samples}", file=sys.stderr)
 
 
@@ -241,11 +241,18 @@ def _setup(args: argparse.Namespace):
 
 
 def _progress(label: str):
-    if not sys.stderr.isatty():
-        return None
+    """A long command's progress on stderr: one line rewritten in place on a terminal; elsewhere
+    (a log, a pipe, CI) a line at each tenth of the way and at the end, so that a redirected run
+    still says it is alive."""
+    terminal = sys.stderr.isatty()
+    shown = {"done": 0}
 
     def report(done: int, total: int) -> None:
-        print(f"\r{label}: generation {done}/{total}", end="" if done < total else "\n", file=sys.stderr, flush=True)
+        if terminal:
+            print(f"\r{label}: generation {done}/{total}", end="" if done < total else "\n", file=sys.stderr, flush=True)
+        elif done >= total or done - shown["done"] >= max(1, total / 10):
+            shown["done"] = done
+            print(f"{label}: generation {done}/{total}", file=sys.stderr, flush=True)
 
     return report
 

@@ -1,6 +1,6 @@
 """Verification rules: accept probability, fallback, bonus, and the exact induced law.
 
-A single-draft rule is a triple ``(a, f, b)`` (see ``VERIFICATION.md``): the draft token
+A single-draft rule is a triple ``(a, f, b)`` (see ``docs/maths.md#notation``): the draft token
 ``x ~ q`` is kept with probability ``a(x)``; on rejection a token is drawn from the fallback
 law ``f``; after a fully accepted block the bonus token is drawn from ``b``. Its exact one-step
 law is ``P = q·a + (1 − α)·f`` with ``α = Σ q·a``; each rule also implements the closed form
@@ -230,6 +230,8 @@ class Rule:
 
 @dataclass(frozen=True)
 class Lossless(Rule):
+    """From: Leviathan et al., Fast Inference from Transformers via Speculative Decoding (2023, arXiv:2211.17192)."""
+
     name: ClassVar[str] = "lossless"
     family: ClassVar[str] = "lossless"
     summary: ClassVar[str] = "accept x with min(1, p/q); on rejection sample norm((p − q)+). Emits exactly p."
@@ -256,6 +258,8 @@ class Lossless(Rule):
 
 @dataclass(frozen=True)
 class Greedy(Rule):
+    """From: Stern et al., Blockwise Parallel Decoding for Deep Autoregressive Models (2018)."""
+
     name: ClassVar[str] = "greedy"
     family: ClassVar[str] = "lossless"
     summary: ClassVar[str] = "accept x only if it is argmax p; emit argmax p otherwise (lossless for T = 0)."
@@ -317,6 +321,8 @@ class _Truncation(Rule):
 
 @dataclass(frozen=True)
 class Cascade(_Truncation):
+    """From: Narasimhan et al., Faster Cascades via Speculative Decoding (2024), here as a min-p gate."""
+
     m: float = 0.5
     name: ClassVar[str] = "cascade"
     param_names: ClassVar[tuple[str, ...]] = ("m",)
@@ -337,12 +343,17 @@ class Cascade(_Truncation):
 
 
 def eta_threshold(p_target: torch.Tensor, eta: float) -> torch.Tensor:
-    """``τ(p) = min(η, √η·e^{−H(p)})`` with its trailing dimension kept."""
+    """``τ(p) = min(η, √η·e^{−H(p)})`` with its trailing dimension kept.
+
+    From: Hewitt et al., Truncation Sampling as Language Model Desmoothing (2022, arXiv:2210.15191).
+    """
     return torch.clamp(math.sqrt(eta) * torch.exp(-entropy(p_target)), max=eta).unsqueeze(-1)
 
 
 @dataclass(frozen=True)
 class Typical(_Truncation):
+    """From: Cai et al., Medusa (2024, arXiv:2401.10774), typical acceptance with the eta-sampling threshold."""
+
     eta: float = 0.1
     name: ClassVar[str] = "typical"
     param_names: ClassVar[tuple[str, ...]] = ("eta",)
@@ -365,6 +376,8 @@ class Typical(_Truncation):
 
 @dataclass(frozen=True)
 class Medusa(_Truncation):
+    """From: Cai et al., Medusa: Simple LLM Inference Acceleration Framework with Multiple Decoding Heads (2024)."""
+
     eps: float = 0.09
     delta: float = 0.3
     name: ClassVar[str] = "medusa"
@@ -399,6 +412,8 @@ class Medusa(_Truncation):
 
 @dataclass(frozen=True)
 class Lenience(Rule):
+    """From: Leviathan et al., Fast Inference from Transformers via Speculative Decoding (2023): lenience l."""
+
     l: float = 0.5  # noqa: E741 - the paper's name for the lenience factor
     name: ClassVar[str] = "lenience"
     family: ClassVar[str] = "collaborative"
@@ -441,6 +456,8 @@ class Lenience(Rule):
 
 @dataclass(frozen=True)
 class CoS(Rule):
+    """From: Fast Large Language Model Collaborative Decoding via Speculation (2025)."""
+
     lam: float = 0.4
     name: ClassVar[str] = "cos"
     family: ClassVar[str] = "collaborative"
@@ -481,6 +498,8 @@ class CoS(Rule):
 
 @dataclass(frozen=True)
 class Mentored(Rule):
+    """From: Tran-Thien, An Optimal Lossy Variant of Speculative Decoding (Hugging Face blog): mentored decoding."""
+
     alpha: float = 0.5
     beta: float = 2.0
     name: ClassVar[str] = "mentored"

@@ -4,7 +4,7 @@ At a node with target law ``p`` and ordered candidates ``c_1 … c_K``: ``p_1 = 
 ``c_j`` is accepted with ``a_j = a(p_j, c_j)`` (the rule's ``tree_accept``), and on refusal
 ``p_{j+1}`` is ``p_j`` with ``c_j`` zeroed and renormalised; if every candidate is refused the
 token is drawn from ``p_{K+1}``. Exact node law: ``P(c_j) = a_j·Π_{i<j}(1 − a_i)``,
-``P(v ∉ C) = Π_i (1 − a_i)·p_{K+1}(v)`` (``VERIFICATION.md``, multi-draft and tree verification).
+``P(v ∉ C) = Π_i (1 − a_i)·p_{K+1}(v)`` (``docs/maths.md#trees-and-multi-draft-verification``).
 """
 
 from __future__ import annotations

@@ -245,6 +245,26 @@ def readme_with_table(readme: Path, table: dict[str, Any]) -> str:
 
 
 VERDICT_CSS = " ".join(f"td.verdict-{name} {{ background: {colour}; color: white; }}" for name, colour in VERDICT_COLOURS.items())
+# The at-a-glance table fits its page: it takes the width it is given and its cells wrap (a grid of
+# fixed-width columns cut the verdicts and the findings at a laptop's width).
+GLANCE_CSS = ("table.verdict-glance { width: 100%; border-collapse: collapse; table-layout: auto; font-size: 0.9rem; } "
+              "table.verdict-glance th, table.verdict-glance td { border: 1px solid #d0d7de; padding: 4px 6px; "
+              "text-align: left; vertical-align: top; overflow-wrap: anywhere; } "
+              "table.verdict-glance th { background: #f6f8fa; }")
+
+
+def glance_html(table: dict[str, Any]) -> str:
+    """The at-a-glance table (``glance_rows``) as HTML that fits the width it is given: its own CSS,
+    each verdict cell coloured by its class, every cell escaped (the file may come from elsewhere);
+    "" for a table without rows."""
+    glance = glance_rows(table)
+    if not glance:
+        return ""
+    header = "".join(f"<th>{html.escape(name)}</th>" for name in glance[0].cells)
+    body = "".join(
+        "<tr>" + "".join(f'<td class="verdict-{row.classes[name]}">{html_text(cell)}</td>' if name in row.classes
+                         else f"<td>{html_text(cell)}</td>" for name, cell in row.cells.items()) + "</tr>" for row in glance)
+    return f'<style>{VERDICT_CSS} {GLANCE_CSS}</style><table class="verdict-glance"><tr>{header}</tr>{body}</table>'
 
 
 def html_section(table: dict[str, Any]) -> str:
@@ -253,16 +273,11 @@ def html_section(table: dict[str, Any]) -> str:
     rows = display_rows(table)
     if not rows:
         return ""
-    glance = glance_rows(table)
-    glance_header = "".join(f"<th>{html.escape(name)}</th>" for name in glance[0].cells)
-    glance_body = "".join(
-        "<tr>" + "".join(f'<td class="verdict-{row.classes[name]}">{html_text(cell)}</td>' if name in row.classes
-                         else f"<td>{html_text(cell)}</td>" for name, cell in row.cells.items()) + "</tr>" for row in glance)
     header = "".join(f"<th>{html.escape(name)}</th>" for name in rows[0])
     body = "".join("<tr>" + "".join(f"<td>{html_text(cell)}</td>" for cell in row.values()) + "</tr>" for row in rows)
     return ('<section class="run"><h2>Verdicts on real engines</h2><p class="meta">Each engine with speculation on and, as its '
             "control, off, under the same sampling settings, audited against the target's law; a row whose control fails reads "
             "'control failed: settings not matched'; a pass counts only where the engine's own counters show it drafted and kept "
             "tokens. 'detects TV ≥': the smallest distortion the sample finds at 90% power.</p>"
-            f"<style>{VERDICT_CSS}</style><table><tr>{glance_header}</tr>{glance_body}</table>"
+            f"{glance_html(table)}"
             f"<h3>Every row in detail</h3><table><tr>{header}</tr>{body}</table></section>")
