@@ -194,3 +194,29 @@ def test_a_verdicts_evidence_is_audited_again_on_the_page(database, tmp_path: Pa
     target = load_model("default")
     library = reaudit_side(rows[0], "on", folder, target, eos_ids(target, None))
     assert (evidence["verdict"], evidence["p_value"], evidence["tokens"]) == (library["verdict"], library["p_value"], library["tokens"])
+
+
+def test_tiny_p_values_and_timestamps_read_as_people_write_them(database, tmp_path: Path) -> None:
+    """An external audit's tables show p as three significant figures ("1e-22", not
+    0.0000000000000000000001) and the audit picker shows its time to the second (everyday, ~15 s:
+    40 tiny generations, one page run)."""
+    from diagnostics.audit.external import audit_samples
+    from diagnostics.audit.samples import load_samples
+    from diagnostics.audit.suite import engine_samples, plan_engine_audit, tiny_setup
+
+    setup = tiny_setup()
+    samples_file = tmp_path / "ours.jsonl"
+    engine_samples(plan_engine_audit("ours", setup, generations=40, max_new_tokens=8), setup, str(samples_file))
+    result = audit_samples(load_samples(samples_file), setup.target, eos=setup.eos).as_dict()
+    assert result["worst_prompts"], result.keys()
+    result["worst_prompts"][0]["p_value"] = 1e-22
+    store = Store(database)
+    store.add_audit(result, "external · ours")
+    del store
+    at = _audit_page()
+    assert not at.exception, [e.value for e in at.exception]
+    [prompts] = [frame.value for frame in at.dataframe if "Holm-adjusted p" in frame.value.columns and "prompt" in frame.value.columns]
+    assert prompts["p"].tolist()[0] == "1e-22"
+    [picker] = [box for box in at.selectbox if box.label == "Show"]
+    created = picker.options[0].rsplit(" · ", 1)[1]
+    assert len(created) == 19 and created[4] == "-" and created[13] == ":", created  # "2026-12-07 18:40:12", no microseconds

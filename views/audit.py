@@ -11,8 +11,8 @@ import streamlit as st
 from diagnostics.audit import audit_recorded_run
 from diagnostics.audit.collect import Sampling, collect
 from diagnostics.audit.external import DEFAULT_DETECT_TV, audit_samples, audit_scored_samples
-from diagnostics.audit.reporting import (json_safe, number, pair_rows, readable_settings, summary_line, worst_position_rows,
-                                         worst_prompt_rows)
+from diagnostics.audit.reporting import (json_safe, number, pair_rows, readable_rows, readable_settings, seconds_text, summary_line,
+                                         worst_position_rows, worst_prompt_rows)
 from diagnostics.audit.samples import MAX_FILE_BYTES, SamplesError, load_samples, retokenize_with_target, target_tokenize
 from diagnostics.audit.two_sample import two_sample_audit
 from diagnostics.audit.suite import (
@@ -350,7 +350,8 @@ if audits.empty and unsaved is None:
 evidence = unsaved
 audit_id = None
 if not audits.empty:
-    shown = audits[["audit_id", "created", "layer", "implementation", "verdict", "run_id", "summary"]]
+    shown = audits[["audit_id", "created", "layer", "implementation", "verdict", "run_id", "summary"]].copy()
+    shown["created"] = [seconds_text(value) for value in shown["created"]]  # to the second: microseconds say nothing here
     ids = shown["audit_id"].tolist()
     # The audit just run wins over the one in the link (?audit=ID).
     wanted = st.session_state.get("audit_selected") or st.query_params.get("audit")
@@ -374,11 +375,11 @@ if figure is not None:
     st.plotly_chart(figure, key="audit_chart")
 if evidence.get("layer") == "rule":
     st.markdown("**Evidence per (p, q) pair** (worst first; Holm-adjusted across the pairs)")
-    st.dataframe(pair_rows(evidence), hide_index=True)
+    st.dataframe(readable_rows(pair_rows(evidence)), hide_index=True)
 rows = worst_position_rows(evidence)
 if rows:
     st.markdown("**Worst positions**" + (" (output position: the t-th emitted token of every generation)" if evidence.get("layer") == "engine" else ""))
-    st.dataframe(rows, hide_index=True)
+    st.dataframe(readable_rows(rows), hide_index=True)
     if evidence.get("layer") == "recorded":
         # The positions the table lists, in its order (flags first, then the largest |Δp|), each linked to itself.
         positions = list(dict.fromkeys(int(row["position"]) for row in rows if row["position"] >= 0))
@@ -389,7 +390,7 @@ elif evidence.get("layer") in ("engine", "external") and evidence.get("bin_count
 prompts = worst_prompt_rows(evidence)
 if prompts:
     st.markdown("**Worst prompts** (each prompt's PIT on its own; Holm-adjusted across prompts)")
-    st.dataframe(prompts, hide_index=True)
+    st.dataframe(readable_rows(prompts), hide_index=True)
 settings = evidence.get("settings")
 if settings:
     st.caption(md("Settings: {settings}", settings=readable_settings(settings)))

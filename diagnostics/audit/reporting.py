@@ -24,6 +24,20 @@ def number(value: object, spec: str = ".3g") -> str:
     return format(value, spec)
 
 
+def readable_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A table's rows for a page: each float as three significant figures (``number``), so a p of
+    1e-22 reads "1e-22", not 0.0000000000000000000001; other cells as they are."""
+    return [{name: number(value) if isinstance(value, float) else value for name, value in row.items()} for row in rows]
+
+
+def seconds_text(value: object) -> str:
+    """A stored timestamp to the second ("2026-12-07 18:40:12"), or the value as text."""
+    try:
+        return value.strftime("%Y-%m-%d %H:%M:%S")  # type: ignore[union-attr]
+    except AttributeError:
+        return str(value)[:19]
+
+
 def readable(value: object) -> str:
     """A setting's value as text (not a Python repr): lists joined, mappings as ``key value``,
     ``None`` as "–", a flag as "on" or "off"."""
