@@ -88,8 +88,8 @@ class Run:
     text: str | None = None
     tree: TreeSpec | None = None
     verified: int = 0  # tree runs: positions decided at a node with children
-    nodes: list[Any] = field(default_factory=list)  # tree runs: tree_engine.NodeRecord per drafted node
-    rounds: list[Any] = field(default_factory=list)  # tree runs: tree_engine.RoundRecord per round
+    nodes: list[Any] = field(default_factory=list)  # tree runs: a NodeRecord (below) per drafted node
+    rounds: list[Any] = field(default_factory=list)  # tree runs: a RoundRecord (below) per round
     device: str | None = None  # where it ran: "cuda:0 bfloat16" (``models.device_label``)
 
     @property

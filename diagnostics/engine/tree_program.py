@@ -1,8 +1,8 @@
-"""A tree round of every row as one tensor program (trees drafted by a model).
+"""A tree round of every row as one tensor program (trees drafted by a model or by prompt lookup).
 
 ``RoundProgram`` runs chains; this runs trees (a fixed shape ``--tree K1,K2,…`` or sparse choices with
-every children mode, or a budget ``--tree-budget N --tree-depth D``) drafted by a draft model or the
-target's early exit, over every row at once, on a static template per batch (``tree_rows.Template``;
+every children mode, or a budget ``--tree-budget N --tree-depth D``) drafted by a draft model, the
+target's early exit or each row's prompt-lookup trie (``_lookup_trees``), over every row at once, on a static template per batch (``tree_rows.Template``;
 a budget tree's template is ``D`` levels of ``N`` slots). A round of the ``B`` active rows:
 
 1. **Uniforms** ``U[B, D + 1, X, slot]`` keyed by each row's ``(seed, position + t, slot, sibling)`` in one
@@ -21,8 +21,8 @@ a budget tree's template is ``D`` levels of ``N`` slots). A round of the ``B`` a
    the template compacted to its nodes, numbered as the per-row drafter numbers them) and keeps each
    row's accepted path in both caches with one batched move per store (``SlotStore.move_rows``).
 
-The per-row programs (``tree.tree_row``) are the oracle (``tests/test_tree_program.py``). N-gram tries
-and draft heads still run per row.
+The per-row programs (``tree.tree_row``) are the oracle (``tests/test_tree_program.py``). Draft heads
+and a split target still run per row.
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ SLOT_FIELDS = ("entropy_p", "tv_target", "tv_baseline", "kl_target", "allowed_si
 
 
 def supports_tree_program(pair: Any, spec: TreeSpec) -> bool:
-    """Whether ``generate_batch`` runs this tree batch as one tensor program: a fixed shape drafted by a
-    model (or the target's early exit) over stages with a batched forward."""
+    """Whether ``generate_batch`` runs this tree batch as one tensor program: a tree drafted by a model
+    (or the target's early exit) or by prompt lookup, not a split target, over stages with a batched forward."""
     if pair.source.kind not in ("model", "ngram") or pair.split is not None:
         return False
     stages = [pair.target_stage] + ([pair.draft_stage] if pair.source.kind == "model" else [])
