@@ -141,7 +141,7 @@ def test_the_verdict_table_links_each_row_to_its_stored_audits(database, tmp_pat
     # the file's text escaped in it: a label with markup is shown as its characters.
     [glance] = [element.proto.body for element in at.get("html") if "verdict-glance" in element.proto.body]
     assert '<td class="verdict-pass">pass · p 0.5 · drafts not counted</td>' in glance
-    assert "<td>vLLM [x](http://evil) **bold**</td>" in glance and "width: 100%" in glance and "overflow-wrap: anywhere" in glance
+    assert "<td>vLLM [x](http://evil) **bold**</td>" in glance and "width: 100%" in glance and "overflow-wrap: break-word" in glance
     hostile = {**row, "label": '<img src=x onerror="alert(1)">'}
     table.write_text(json.dumps({"rows": [hostile]}))
     at = _audit_page()

@@ -95,3 +95,9 @@ def test_counts_over_part_of_a_side_say_over_how_many_generations() -> None:
 def test_a_p_value_that_underflowed_reads_as_tiny_not_zero() -> None:
     [row] = glance_rows({"rows": [_row("vllm-eagle3", "vLLM, EAGLE-3", "t1", "fail", on=_side(verdict="fail", p_value=0.0))]})
     assert row.cells["temperature 1"].startswith("fail · p < 1e-300")
+
+
+def test_an_engine_error_cut_for_its_cell_says_it_was_cut() -> None:
+    said = "max(): Expected reduction dim to be specified for input.numel() == 0. Specify the reduction dim with the 'dim' argument."
+    [row] = glance_rows({"rows": [_row("vllm-ngram", "vLLM, n-gram", "t1", ENGINE_ERROR, on=_side(verdict="error", error=said))]})
+    assert row.cells["temperature 1"] == f"{ENGINE_ERROR}: {said[:100]}…"

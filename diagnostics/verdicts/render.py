@@ -149,7 +149,7 @@ def _glance_cell(row: dict[str, Any], table: dict[str, Any]) -> str:
         said = str(next((row[side].get("error") for side in ("on", "off") if row[side].get("error")), ""))
         if said.startswith(str(row["label"])) and ": " in said:  # the row's name is the line's own: what it said matters
             said = said.split(": ", 1)[1]
-        cell = f"{verdict}: {said[:100]}" if said else verdict
+        cell = f"{verdict}: {said[:100]}{'…' if len(said) > 100 else ''}" if said else verdict
     elif verdict == SPECULATION_INACTIVE:
         counters = row["on"].get("speculation") or {}
         cell = f"{verdict} ({counters.get('drafted', '?')} drafted, {counters.get('accepted', '?')} accepted)"
@@ -249,8 +249,9 @@ VERDICT_CSS = " ".join(f"td.verdict-{name} {{ background: {colour}; color: white
 # fixed-width columns cut the verdicts and the findings at a laptop's width).
 GLANCE_CSS = ("table.verdict-glance { width: 100%; border-collapse: collapse; table-layout: auto; font-size: 0.9rem; } "
               "table.verdict-glance th, table.verdict-glance td { border: 1px solid #d0d7de; padding: 4px 6px; "
-              "text-align: left; vertical-align: top; overflow-wrap: anywhere; } "
-              "table.verdict-glance th { background: #f6f8fa; }")
+              "text-align: left; vertical-align: top; overflow-wrap: break-word; } "
+              # a fill that reads in a light and a dark theme (the header's text follows the theme)
+              "table.verdict-glance th { background: rgba(127, 127, 127, 0.15); }")
 
 
 def glance_html(table: dict[str, Any]) -> str:
