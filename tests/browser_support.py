@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from diagnostics.serving import served
+from diagnostics.verdicts.served import served
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "tests" / "artifacts"

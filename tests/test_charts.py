@@ -6,7 +6,7 @@ import torch
 from conftest import dirichlet
 
 from diagnostics.charts import draft_path_figure, law_figure, safe_label
-from diagnostics.draft_path import distortion_path
+from diagnostics.distortion_curve import distortion_path
 from diagnostics.explain import explain_step, rule_table
 from diagnostics.rules import get_rule
 from diagnostics.synthetic import make_pair

@@ -23,7 +23,7 @@ import pytest
 from diagnostics.audit.samples import load_samples, write_samples
 from diagnostics.cli import main
 from diagnostics.models import embedded_gguf_path
-from diagnostics.serving import free_port
+from diagnostics.verdicts.served import free_port
 from diagnostics.verdicts.servers import llama_cpp_server
 
 # Slow tier: starts llama-cpp-python's servers on the embedded GGUF

@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from diagnostics.charts import draft_path_figure, law_figure
-from diagnostics.draft_path import PATH_RULES, PATH_TREE_RULES, distortion_path
+from diagnostics.distortion_curve import PATH_RULES, PATH_TREE_RULES, distortion_path
 from diagnostics.explain import explain_step, rule_table
 from diagnostics.rules import EXAMPLE_SPECS, RULES, RuleError, get_rule
 from diagnostics.synthetic import PRESETS, make_pair

@@ -5,7 +5,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from diagnostics.charts.common import RULE_COLORS, chart_text, denoise
-from diagnostics.draft_path import DraftPath
+from diagnostics.distortion_curve import DraftPath
 
 
 def draft_path_figure(sweep: DraftPath, against: str = "baseline") -> go.Figure:

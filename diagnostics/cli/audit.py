@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from diagnostics.cli.common import json_line
+from diagnostics.cli.common import add_oracle_options, json_line
 
 
 def command_audit(args: argparse.Namespace) -> int:
@@ -447,13 +447,7 @@ def add_parser(commands: Any) -> None:
                        help="with --endpoint: how generations are asked for: openai (/v1/completions; where the answer has "
                             "no ids, its text is tokenised and a non-canonical split is left out), or llama.cpp "
                             "(llama-server's own /completion with return_tokens: the ids it generated, none left out)")
-    audit.add_argument("--oracle", default=None, choices=["server"],
-                       help="with --samples or --endpoint: test against the server's own teacher-forced scores (stored per "
-                            "token in the file; collected with --scores-api) instead of --target or a baseline")
-    audit.add_argument("--scores-api", default="vllm", choices=["vllm", "sglang"],
-                       help="with --endpoint --oracle server: ask for scores as vLLM (prompt_logprobs) or SGLang (input_top_logprobs)")
-    audit.add_argument("--score-logprobs", type=int, default=20, metavar="K",
-                       help="with --oracle server: log-probabilities per token to ask for; the law is exact when top-k <= K")
+    add_oracle_options(audit)
     audit.add_argument("--score-tolerance", type=float, default=SCORE_TOLERANCE, metavar="NATS",
                        help=f"with --oracle server and --target: up to {CHECKED_POSITIONS} positions of the server's scores "
                             f"are recomputed from --target's raw log-probabilities; a difference above this (default "

@@ -1,5 +1,5 @@
 """What every command shares: the one-line error contract of the parser, the generation options,
-a run's JSON line, progress bars on a terminal only, and a request from the options."""
+the server-oracle options, a run's JSON line, progress bars on a terminal only, and a request from the options."""
 
 from __future__ import annotations
 
@@ -103,6 +103,20 @@ def add_generation_options(parser: argparse.ArgumentParser, replayable: bool = F
     parser.add_argument("--db", default=None, help="DuckDB file (default $SPECLAB_DB or data/runs.duckdb)")
     parser.add_argument("--no-progress", action="store_true",
                         help="no progress bars on stderr (there are none anyway when stderr is not a terminal)")
+
+
+def add_oracle_options(parser: argparse.ArgumentParser) -> None:
+    """The server-oracle options of ``audit`` and ``verdicts``: ``--oracle``, ``--scores-api`` and
+    ``--score-logprobs`` (each command checks them against its own other options)."""
+    parser.add_argument("--oracle", default=None, choices=["server"],
+                        help="test the server's generations against its own teacher-forced scores (collected with "
+                             "--scores-api) instead of a local copy of the model or a baseline; where no local copy "
+                             "checks them, the verdict rests on those scores being the engine's law")
+    parser.add_argument("--scores-api", default="vllm", choices=["vllm", "sglang"],
+                        help="with --endpoint --oracle server: ask for scores as vLLM (prompt_logprobs) or SGLang (input_top_logprobs)")
+    parser.add_argument("--score-logprobs", type=int, default=20, metavar="K",
+                        help="with --endpoint --oracle server: log-probabilities per token to ask for; the law is exact "
+                             "when top-k <= K")
 
 
 def json_value(value: Any) -> Any:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from diagnostics.cli.common import json_line
+from diagnostics.cli.common import add_oracle_options, json_line
 
 DEFAULT_OUT = "docs/verdicts.json"
 # What a row's settings may take of the table's bound (table_file.MAX_SETTINGS_BYTES, 8 KiB) for
@@ -227,13 +227,7 @@ def add_parser(commands: Any) -> None:
     verdicts.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
                           help="worker processes (one torch thread each) that generate an in-process engine's seeds "
                                "side by side (default: 2, or 1 on one core)")
-    verdicts.add_argument("--oracle", default=None, choices=["server"],
-                          help="with --endpoint: audit against the server's own teacher-forced scores (no local copy of the "
-                               "model; the verdict then rests on those scores being the engine's law)")
-    verdicts.add_argument("--scores-api", default="vllm", choices=["vllm", "sglang"],
-                          help="with --oracle server: ask for scores as vLLM (prompt_logprobs) or SGLang (input_top_logprobs)")
-    verdicts.add_argument("--score-logprobs", type=int, default=20,
-                          help="with --oracle server: log-probabilities per token to ask for (exact when top-k <= K)")
+    add_oracle_options(verdicts)
     verdicts.add_argument("--db", default=None, help="DuckDB file for the audits (default $SPECLAB_DB or data/runs.duckdb)")
     verdicts.set_defaults(handler=command_verdicts, interrupted="interrupted: each side's file keeps the generations "
                           "written so far; the same command continues them")

@@ -233,7 +233,7 @@ def llama_server(gguf: Path, draft: Path | None, log: Path, draft_max: int = 4) 
     """``llama-server`` on ``gguf`` at 127.0.0.1 (``llama_server_flags``): with ``draft``, draft-model
     speculation of at most ``draft_max`` tokens a step; without, the speculation-off control. Yields
     its URL once ``/health`` answers (the model loaded), stops it after."""
-    from diagnostics.serving import served
+    from diagnostics.verdicts.served import served
 
     binary = llama_server_binary()
     with served(lambda port: [str(binary), *llama_server_flags(gguf, draft, port, draft_max)], log, "llama-server",

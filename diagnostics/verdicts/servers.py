@@ -14,7 +14,7 @@ from typing import Any
 
 from diagnostics.audit.samples import Sample, load_samples
 from diagnostics.policy import Policy
-from diagnostics.serving import served
+from diagnostics.verdicts.served import served
 from diagnostics.verdicts.table import STOP
 
 LLAMA_LOOKUP_TOKENS = 4

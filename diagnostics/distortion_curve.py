@@ -1,4 +1,4 @@
-"""The Playground's draft path: distortion of every rule as the draft moves toward the target (q → p).
+"""The Playground's distortion curve: distortion of every rule as the draft moves toward the target (q → p).
 
 ``q_t = (1 − t)·q_0 + t·p`` for ``t`` from 0 to 1. For each rule and each ``t`` the exact law
 ``P_t`` is computed in closed form (no sampling), then ``TV(P_t, p)`` and
