@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import re
@@ -24,6 +23,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from finding_checks import apply_hunks, imported_roots, parse_patch
 
 ROOT = Path(__file__).resolve().parents[1]
 FINDING = ROOT / "docs" / "findings" / "llama-server-speculative-length-limit"
@@ -33,60 +33,6 @@ VERSIONS = FINDING / "versions.json"
 SERVER_CPP = "tools/server/server.cpp"
 # sha256 of tools/server/server.cpp at llama.cpp 4227c9be4 (llama-cpp-python 0.3.16's vendor/llama.cpp)
 SERVER_CPP_SHA256 = "31c754d33e5c82ee1d5c264527496364a329213b851db1ae17abb2adec77eccf"
-
-HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
-
-
-def parse_patch(text: str) -> tuple[str, list[dict]]:
-    """The one file a unified diff changes and its hunks (old start, old lines, new lines);
-    ``ValueError`` when the diff is not well formed (headers, or hunk counts that do not add up)."""
-    lines = text.splitlines()
-    if len(lines) < 3 or not lines[0].startswith("--- a/") or not lines[1].startswith("+++ b/"):
-        raise ValueError("no ---/+++ header pair")
-    old, new = lines[0][len("--- a/"):].split("\t")[0], lines[1][len("+++ b/"):].split("\t")[0]
-    if old != new:
-        raise ValueError(f"renames {old} to {new}")
-    hunks, index = [], 2
-    while index < len(lines):
-        match = HUNK.match(lines[index])
-        if not match:
-            raise ValueError(f"line {index + 1} is not a hunk header: {lines[index]!r}")
-        old_count = int(match.group(2) or 1)
-        new_count = int(match.group(4) or 1)
-        body, index = [], index + 1
-        seen_old = seen_new = 0
-        while index < len(lines) and (seen_old < old_count or seen_new < new_count):
-            line = lines[index]
-            tag = line[:1] or " "
-            if tag not in " +-":
-                raise ValueError(f"line {index + 1} has no diff tag: {line!r}")
-            seen_old += tag in " -"
-            seen_new += tag in " +"
-            body.append((tag, line[1:]))
-            index += 1
-        if (seen_old, seen_new) != (old_count, new_count):
-            raise ValueError(f"hunk at {match.group(0)} counts {seen_old}/{seen_new} lines, header says {old_count}/{new_count}")
-        hunks.append({"old_start": int(match.group(1)), "lines": body})
-    if not hunks:
-        raise ValueError("no hunks")
-    return old, hunks
-
-
-def apply_patch(source: str, hunks: list[dict]) -> str:
-    """``source`` with ``hunks`` applied exactly (context and removed lines must match at the stated
-    line); ``ValueError`` naming the hunk otherwise."""
-    lines = source.split("\n")
-    offset = 0
-    for hunk in hunks:
-        start = hunk["old_start"] - 1 + offset
-        expected = [text for tag, text in hunk["lines"] if tag in " -"]
-        if lines[start:start + len(expected)] != expected:
-            raise ValueError(f"hunk at old line {hunk['old_start']} does not match the source")
-        replacement = [text for tag, text in hunk["lines"] if tag in " +"]
-        lines[start:start + len(expected)] = replacement
-        offset += len(replacement) - len(expected)
-    return "\n".join(lines)
-
 
 def speculative_loop(source: str) -> str:
     """The text of server.cpp's speculative step: from the sample-and-accept call to the end of its
@@ -112,14 +58,7 @@ def sources_server_cpp() -> str | None:
 
 def test_repro_imports_only_the_standard_library():
     """Everyday (<0.1 s): the reproduction is standalone: every import is a standard-library module."""
-    tree = ast.parse(REPRO.read_text(encoding="utf-8"))
-    imported = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            imported |= {alias.name.split(".")[0] for alias in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            imported.add((node.module or "").split(".")[0])
-    imported.discard("__future__")
+    imported = imported_roots(REPRO) - {"__future__"}
     assert imported and imported <= set(sys.stdlib_module_names), imported - set(sys.stdlib_module_names)
 
 
@@ -137,7 +76,7 @@ def test_repro_refuses_a_missing_server_in_one_line(tmp_path):
 def test_fix_patch_is_a_well_formed_diff_of_server_cpp():
     """Everyday (<0.1 s): fix.patch changes tools/server/server.cpp only, its hunk counts add up, and
     it moves ``n_decoded`` from the step (``+= ids.size()``) into the emission loop (``+= 1``)."""
-    path, hunks = parse_patch(PATCH.read_text(encoding="utf-8"))
+    [(path, hunks)] = parse_patch(PATCH.read_text(encoding="utf-8")).items()
     assert path == SERVER_CPP
     removed = [text.strip() for hunk in hunks for tag, text in hunk["lines"] if tag == "-"]
     added = [text.strip() for hunk in hunks for tag, text in hunk["lines"] if tag == "+" and not text.strip().startswith("//")]
@@ -154,8 +93,7 @@ def test_a_corrupted_patch_is_refused():
         parse_patch(lost_line)
     with pytest.raises(ValueError, match="counts"):  # the last hunk cut short
         parse_patch("\n".join(text.splitlines()[:-1]) + "\n")
-    path, _ = parse_patch(text.replace("tools/server/server.cpp", "tools/server/utils.hpp"))
-    assert path != SERVER_CPP
+    assert SERVER_CPP not in parse_patch(text.replace("tools/server/server.cpp", "tools/server/utils.hpp"))
 
 
 def test_fix_patch_applies_to_the_4227c9be4_sources():
@@ -172,8 +110,8 @@ def test_fix_patch_applies_to_the_4227c9be4_sources():
     assert hashlib.sha256(source.encode()).hexdigest() == SERVER_CPP_SHA256, "these sources are not llama.cpp 4227c9be4"
     before = speculative_loop(source)
     assert "slot.n_decoded += ids.size();" in before  # the bug, as the page describes it
-    _, hunks = parse_patch(PATCH.read_text(encoding="utf-8"))
-    after = speculative_loop(apply_patch(source, hunks))
+    hunks = parse_patch(PATCH.read_text(encoding="utf-8"))[SERVER_CPP]
+    after = speculative_loop(apply_hunks(source, hunks))
     assert "slot.n_decoded += ids.size();" not in after
     loop = after[after.index("for (size_t i = 0; i < ids.size(); ++i)"):]
     assert loop.index("slot.n_decoded += 1;") < loop.index("process_token(result, slot)")

@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from finding_checks import imported_roots
 
 ROOT = Path(__file__).resolve().parents[1]
 FINDING = ROOT / "docs" / "findings" / "transformers-universal-assisted-decoding"
@@ -77,13 +78,7 @@ def run_repro(pythonpath: Path | None) -> subprocess.CompletedProcess:
 
 def test_repro_imports_only_stdlib_torch_transformers() -> None:
     """Everyday (< 0.1 s): the reproduction is standalone, not a part of this lab."""
-    tree = ast.parse(REPRO.read_text())
-    roots = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            roots.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0:
-            roots.add(node.module.split(".")[0])
+    roots = imported_roots(REPRO)
     outside = roots - set(sys.stdlib_module_names) - {"torch", "transformers", "__future__"}
     assert not outside, f"repro.py imports {sorted(outside)}"
 

@@ -13,13 +13,12 @@
 
 from __future__ import annotations
 
-import ast
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from finding_checks import hunk_lines, imported_roots, parse_patch
 
 ROOT = Path(__file__).resolve().parents[1]
 FINDING = ROOT / "docs" / "findings" / "vllm-cpu-sampled-speculation"
@@ -28,49 +27,6 @@ PATCH = FINDING / "fix.patch"
 VLLM_PYTHON = ROOT / "data" / "vllm" / "venv" / "bin" / "python"
 PATCHED_FILES = {"vllm/utils/cpu_triton_utils.py", "vllm/v1/sample/ops/topk_topp_sampler.py"}
 
-HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
-
-
-def parse_patch(text: str) -> dict[str, list[str]]:
-    """Each file a unified diff changes, with its hunks' body lines; ``ValueError`` when the diff
-    is not well formed (a header pair missing or renaming, or hunk line counts that do not add up)."""
-    lines = text.splitlines()
-    files: dict[str, list[str]] = {}
-    index = 0
-    while index < len(lines):
-        if not lines[index].startswith("--- a/"):
-            raise ValueError(f"line {index + 1}: expected '--- a/...', got {lines[index][:40]!r}")
-        if index + 1 >= len(lines) or not lines[index + 1].startswith("+++ b/"):
-            raise ValueError(f"line {index + 2}: expected '+++ b/...'")
-        old = lines[index][len("--- a/"):].split("\t")[0]
-        new = lines[index + 1][len("+++ b/"):].split("\t")[0]
-        if old != new:
-            raise ValueError(f"renames {old} to {new}")
-        body: list[str] = []
-        index += 2
-        if index >= len(lines) or not HUNK.match(lines[index]):
-            raise ValueError(f"{old}: no hunk")
-        while index < len(lines) and HUNK.match(lines[index]):
-            match = HUNK.match(lines[index])
-            want_old = int(match.group(2) or 1)
-            want_new = int(match.group(4) or 1)
-            index += 1
-            got_old = got_new = 0
-            while index < len(lines) and (got_old < want_old or got_new < want_new):
-                line = lines[index]
-                tag = line[:1]
-                if tag not in (" ", "-", "+", ""):
-                    raise ValueError(f"{old}: bad hunk line {line[:40]!r}")
-                got_old += tag in (" ", "-", "")
-                got_new += tag in (" ", "+", "")
-                body.append(line)
-                index += 1
-            if (got_old, got_new) != (want_old, want_new):
-                raise ValueError(f"{old}: hunk counts {got_old}/{got_new}, header says {want_old}/{want_new}")
-        files[old] = body
-    if not files:
-        raise ValueError("empty diff")
-    return files
 
 
 def test_patch_is_well_formed_and_names_the_two_files() -> None:
@@ -78,14 +34,13 @@ def test_patch_is_well_formed_and_names_the_two_files() -> None:
     files = parse_patch(PATCH.read_text(encoding="utf-8"))
     assert set(files) == PATCHED_FILES
     expand = files["vllm/utils/cpu_triton_utils.py"]
-    removed = [line for line in expand if line.startswith("-")]
-    added = [line for line in expand if line.startswith("+")]
+    removed, added = hunk_lines(expand, "-"), hunk_lines(expand, "+")
     # The copy-into-int64 call goes; a fill of `output` in its own dtype comes.
     assert any("_ensure_int64(output)" in line for line in removed)
     assert not any("_ensure_int64(output)" in line for line in added)
     assert any("output[" in line and "=" in line for line in added)
     topk = files["vllm/v1/sample/ops/topk_topp_sampler.py"]
-    assert any(line.startswith("+") and "logits.shape[0] == 0" in line for line in topk)
+    assert any("logits.shape[0] == 0" in line for line in hunk_lines(topk, "+"))
 
 
 def test_corrupted_patch_is_refused() -> None:
@@ -101,14 +56,7 @@ def test_corrupted_patch_is_refused() -> None:
 
 def test_repro_imports_only_stdlib_torch_vllm() -> None:
     """Everyday: repro.py is standalone (no `diagnostics`, nothing but stdlib, torch and vllm)."""
-    tree = ast.parse(REPRO.read_text(encoding="utf-8"))
-    roots = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            roots.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            assert node.level == 0, "relative import"
-            roots.add((node.module or "").split(".")[0])
+    roots = imported_roots(REPRO)
     foreign = {name for name in roots if name not in sys.stdlib_module_names and name not in {"torch", "vllm"}}
     assert not foreign, f"repro.py imports {sorted(foreign)}"
     assert {"torch", "vllm"} <= roots
