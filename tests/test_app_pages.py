@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -358,3 +359,31 @@ def test_a_measured_cost_ratio_beyond_the_box_does_not_crash_the_page(populated,
     boxes = [box for box in at.number_input if box.label == "draft/target cost c"]
     assert len(boxes) == 1 and boxes[0].value == 10.0
     assert "11.4 shown as 10" in boxes[0].help
+
+
+def test_a_tree_run_whose_laws_are_rebuilt_is_labelled_with_token_text(tmp_path: Path, tiny_folder: str, monkeypatch) -> None:
+    """Rough edge 1 of issue 45 (everyday, ~10 s): where a run's exact laws cannot be recomputed (a
+    head run; here forced), Inspect rebuilt them from the stored top-k and labelled every token by
+    its id ("lenience:0.5 tries '3'"); the target still decodes them ("tries 'w3'")."""
+    import views.common as common
+
+    db = tmp_path / "runs.duckdb"
+    monkeypatch.setenv("SPECLAB_DB", str(db))
+    monkeypatch.setenv("SPECLAB_TARGET", tiny_folder)
+    store = Store(db)
+    target = load_model(tiny_folder)
+    request = RunRequest(prompt="w1 w2 w3 w1 w2", rule="lenience:0.5", draft="early-exit:1", tree="3,2", max_new_tokens=16,
+                         seed=4, raw=True)
+    run_id, run = record_run(store, target, "early-exit:1", request)
+    rejected = next(record for record in run.records if record.kind == "rejected")
+
+    def unavailable(*args, **kwargs):
+        raise ValueError("laws forced unavailable by the test")
+
+    monkeypatch.setattr(common, "cached_run_laws", unavailable)
+    at = _open(query={"run": run_id, "pos": str(rejected.position)})
+    assert not at.exception, [e.value for e in at.exception]
+    caption = " ".join(caption.value for caption in at.caption)
+    assert "exact laws not available (laws forced unavailable by the test)" in caption, caption
+    tried = re.findall(r"'([^']*)' \(u = ", caption)  # the candidates' labels, in trying order
+    assert tried and all(label.startswith("w") for label in tried), caption  # the tiny tokenizer's texts, not ids

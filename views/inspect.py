@@ -73,7 +73,9 @@ records = positions.to_dict("records")
 count = len(records)
 allowed = model_consent(run, key="inspect_load_models")
 laws, unavailable = run_laws(store, run, [int(record["token"]) for record in records]) if allowed else (None, "models not loaded")
-target = try_model(target_spec(run)) if laws is not None else None
+# The target labels tokens even where its laws cannot be recomputed (a head run, a tree run whose laws
+# are rebuilt from the stored top-k): ids alone are not a reading.
+target = try_model(target_spec(run)) if allowed else None
 headline_metrics(run, positions, target, key="inspect")
 
 if "inspect_position" not in st.session_state or st.session_state.get("inspect_for") != run_id:
