@@ -738,3 +738,21 @@ def test_a_head_is_timed_as_a_head_and_an_ngram_costs_nothing(prompt_file: Path,
     assert worker.cost_ratio(first) == 0.1 and timed == [head]
     worker.draft = "ngram:3"
     assert worker.cost_ratio(first) == 0.1 and timed == [head, None]
+
+
+def test_a_summary_without_intervals_reads_without_nan() -> None:
+    """Rough edge 7 of issue 45 (everyday, < 1 ms): one finished unit (a sweep still running) has
+    means but no intervals; the verdict line showed "[nan, nan]" and "+nan"."""
+    from diagnostics.evaluation.stats import RuleSummary
+
+    nan = float("nan")
+    summary = RuleSummary(label="lenience:0.5", role="rule", units=1,
+                          figures={"TV(P, baseline)": (0.012, nan, nan), "modelled speed-up": (1.8, nan, nan)},
+                          against="lossless", differences={"accuracy": (nan, nan, nan), "log-likelihood": (-0.5, nan, nan)},
+                          versus_lossless={})
+    line = summary.verdict()
+    assert "nan" not in line, line
+    assert line == "lenience:0.5: distortion 0.012 per token vs baseline; log-likelihood -0.50 vs lossless; modelled speed-up 1.80×"
+    whole = RuleSummary(label="x", role="rule", units=9, figures={"TV(P, baseline)": (0.01, 0.0, 0.02), "modelled speed-up": (nan, nan, nan)},
+                        against="lossless", differences={}, versus_lossless={})
+    assert whole.verdict() == "x: distortion 0.010 [0.000, 0.020] per token vs baseline; modelled speed-up –"

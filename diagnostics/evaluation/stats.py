@@ -114,18 +114,27 @@ class RuleSummary:
     versus_lossless: dict[str, tuple[float, float, float]]
 
     def verdict(self) -> str:
-        """One line: distortion per token against the baseline, then accuracy and speed-up differences."""
-        tv, low, high = self.figures["TV(P, baseline)"]
-        parts = [f"{self.label}: distortion {tv:.3f} [{low:.3f}, {high:.3f}] per token vs baseline"]
+        """One line: distortion per token against the baseline, then accuracy and speed-up differences.
+        A figure without a value reads "–", and one without an interval (a single unit, a sweep still
+        running) is shown without brackets, never as ``[nan, nan]``."""
+        parts = [f"{self.label}: distortion {with_interval(self.figures['TV(P, baseline)'], '.3f')} per token vs baseline"]
         accuracy = self.differences.get("accuracy")
         if accuracy is not None and accuracy[0] == accuracy[0]:
-            parts.append(f"accuracy {accuracy[0]:+.1f} [{accuracy[1]:+.1f}, {accuracy[2]:+.1f}] points vs {self.against}")
+            parts.append(f"accuracy {with_interval(accuracy, '+.1f')} points vs {self.against}")
         ll = self.differences.get("log-likelihood")
         if ll is not None and ll[0] == ll[0]:
-            parts.append(f"log-likelihood {ll[0]:+.2f} [{ll[1]:+.2f}, {ll[2]:+.2f}] vs {self.against}")
+            parts.append(f"log-likelihood {with_interval(ll, '+.2f')} vs {self.against}")
         speed = self.figures["modelled speed-up"]
-        parts.append(f"modelled speed-up {speed[0]:.2f}× [{speed[1]:.2f}, {speed[2]:.2f}]")
+        parts.append(f"modelled speed-up {with_interval(speed, '.2f')}×" if speed[0] == speed[0] else "modelled speed-up –")
         return "; ".join(parts)
+
+
+def with_interval(value: tuple[float, float, float], spec: str) -> str:
+    """``mean [low, high]`` in ``spec``; the mean alone where the interval is missing (nan), "–" where the mean is."""
+    mean, low, high = value
+    if mean != mean:
+        return "–"
+    return format(mean, spec) + (f" [{format(low, spec)}, {format(high, spec)}]" if low == low and high == high else "")
 
 
 def summarise_sweep(table: pd.DataFrame) -> list[RuleSummary]:
