@@ -756,3 +756,42 @@ def test_a_summary_without_intervals_reads_without_nan() -> None:
     whole = RuleSummary(label="x", role="rule", units=9, figures={"TV(P, baseline)": (0.01, 0.0, 0.02), "modelled speed-up": (nan, nan, nan)},
                         against="lossless", differences={}, versus_lossless={})
     assert whole.verdict() == "x: distortion 0.010 [0.000, 0.020] per token vs baseline; modelled speed-up –"
+
+
+def test_a_sweep_another_process_is_running_is_shown_read_only(prompt_file: Path, tiny_target, tmp_path: Path, monkeypatch) -> None:
+    """Rough edge 7 of issue 45 (everyday, ~15 s): a sweep the CLI is still running (status
+    ``running``, its runs written by a live other process) was offered Resume, which would run its
+    units twice. The page now says who runs it and offers no Resume; a dead writer's sweep is offered
+    Resume as before, and so is one this process itself wrote."""
+    import subprocess
+    import sys
+
+    import duckdb
+    from app_support import open_page
+
+    from diagnostics.store.runs import writer_tag
+
+    db = tmp_path / "runs.duckdb"
+    store = Store(db)
+    sweep_id = run_sweep(store, tiny_target, "early-exit:2", _settings(prompt_file, ["lenience:0.5"], seeds=1))
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        live = f"{writer_tag().rsplit(':', 1)[0]}:{other.pid}"
+        with duckdb.connect(str(db)) as con:
+            con.execute("UPDATE sweeps SET status = 'running' WHERE sweep_id = ?", [sweep_id])
+            con.execute("UPDATE runs SET writer = ? WHERE starts_with(group_id, ?)", [live, f"{sweep_id}-u"])
+        assert store.sweep_writer(sweep_id) == live
+        monkeypatch.setenv("SPECLAB_DB", str(db))
+        at = open_page("views/sweep.py", {"sweep": sweep_id})
+        assert not at.exception, [e.value for e in at.exception]
+        assert any("being run by another process" in info.value and str(other.pid) in info.value for info in at.info)
+        assert not any(button.key == "sw_resume" for button in at.button)
+    finally:
+        other.kill()
+        other.wait()
+    assert store.sweep_writer(sweep_id) is None  # its writer is gone: the sweep can be resumed
+    at = open_page("views/sweep.py", {"sweep": sweep_id})
+    assert any(button.key == "sw_resume" for button in at.button)
+    with duckdb.connect(str(db)) as con:
+        con.execute("UPDATE runs SET writer = ? WHERE starts_with(group_id, ?)", [writer_tag(), f"{sweep_id}-u"])
+    assert store.sweep_writer(sweep_id) is None  # this process's own sweep is not "another process"

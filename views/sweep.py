@@ -185,7 +185,12 @@ st.caption(md("prompts {file} ({count}) · rules {rules} · {seeds} seeds · dra
               file=settings.get("prompt_file"), count=len(settings.get("prompts", [])), rules=", ".join(settings.get("rules", [])),
               seeds=settings.get("seeds"), draft=request.get("draft"), shape=shape, tokens=request.get("max_new_tokens"),
               status=sweep["status"]))
-if sweep["status"] != "complete":
+writer = store.sweep_writer(sweep_id) if sweep["status"] == "running" else None
+if writer is not None:
+    # Another process (the CLI, another dashboard) is running it: resuming here would run its units twice.
+    st.info(md("This sweep is being run by another process ({writer}): shown read-only, with the units that have "
+               "finished so far; reload the page to see more.", writer=writer))
+elif sweep["status"] != "complete":
     st.warning(f"This sweep is {sweep['status']} with {int(sweep['units_done'] or 0)} of {int(sweep['units'] or 0)} units; "  # literal-ok: status from the validated set, counts
                "the figures below use the units that finished. Resume runs only the missing units (here, or with "
                "`python -m diagnostics sweep --resume` and the sweep's id).")

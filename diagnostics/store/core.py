@@ -22,7 +22,6 @@ list, count and text rebuilt from the positions it stored. Every DuckDB error be
 from __future__ import annotations
 
 import os
-import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,7 +33,7 @@ import duckdb
 from diagnostics.store.schema import CREATE, MIGRATIONS, SCHEMA_VERSION, schema_problem
 from diagnostics.store.audits import AuditTables
 from diagnostics.store.errors import StoreBusy, StoreError, StoreFull
-from diagnostics.store.runs import RunTables
+from diagnostics.store.runs import RunTables, writer_alive
 from diagnostics.store.sweeps import SweepTables
 from diagnostics.store.trees import TreeTables
 from diagnostics.store.validation import content_problem
@@ -54,22 +53,6 @@ def default_db_path() -> Path:
     return Path(configured).expanduser() if configured else DEFAULT_DB
 
 
-
-
-def _alive(tag: str | None) -> bool:
-    """Whether the process that wrote ``host:pid`` still runs (unknown hosts count as alive)."""
-    if not tag or ":" not in tag:
-        return True
-    host, _, pid = tag.rpartition(":")
-    if host != socket.gethostname():
-        return True
-    try:
-        os.kill(int(pid), 0)
-    except (ProcessLookupError, ValueError):
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # Files already checked in this process, so the dashboard's reruns do not look again:
@@ -204,7 +187,7 @@ class Store(RunTables, AuditTables, TreeTables, SweepTables):
                     con.execute("ROLLBACK")
                     raise
         _CHECKED.add(_identity(self.path, with_content=False))
-        dead = [run_id for run_id, writer in running if not _alive(writer)]
+        dead = [run_id for run_id, writer in running if not writer_alive(writer)]
         if dead:
             self._reap(dead)
 

@@ -30,6 +30,22 @@ def writer_tag() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+def writer_alive(tag: str | None) -> bool:
+    """Whether the process that wrote ``host:pid`` still runs (unknown hosts count as alive)."""
+    if not tag or ":" not in tag:
+        return True
+    host, _, pid = tag.rpartition(":")
+    if host != socket.gethostname():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except (ProcessLookupError, ValueError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def summary_from_positions(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, Any]:
     """The summary columns that the stored positions determine: the token list, its length and
     text (token texts joined), accepted drafts, target passes (blocks), block efficiency and

@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 
 from diagnostics.store.errors import StoreError
-from diagnostics.store.runs import now
+from diagnostics.store.runs import now, writer_alive, writer_tag
 from diagnostics.store.schema import SWEEP_COLUMNS, SWEEP_RUN_COLUMNS
 
 
@@ -116,6 +116,25 @@ class SweepTables:
             if not self._has_sweeps(con):
                 return pd.DataFrame(columns=list(SWEEP_COLUMNS))
             return con.execute("SELECT * FROM sweeps ORDER BY created DESC").df()
+
+    def sweep_writer(self, sweep_id: str) -> str | None:
+        """The process (``host:pid``) that is running a sweep marked ``running``, when it is another
+        live process than this one: the writer of its units' runs (each unit's runs carry the group
+        ``{sweep_id}-u{unit}``, and keep their writer after they finish, so a sweep between two units
+        is still found). ``None`` when the sweep is not running, or no live other process writes it
+        (a dead writer's sweep can be resumed)."""
+
+        with self.connect() as con:
+            if not self._has_sweeps(con):
+                return None
+            status = con.execute("SELECT status FROM sweeps WHERE sweep_id = ?", [sweep_id]).fetchone()
+            if status is None or status[0] != "running":
+                return None
+            writers = [row[0] for row in con.execute(
+                "SELECT writer FROM runs WHERE starts_with(group_id, ?) AND writer IS NOT NULL "
+                "GROUP BY writer ORDER BY max(created) DESC", [f"{sweep_id}-u"]).fetchall()]
+        mine = writer_tag()
+        return next((writer for writer in writers if writer != mine and writer_alive(writer)), None)
 
     def sweep_runs(self, sweep_id: str) -> pd.DataFrame:
         """The runs of a sweep with their unit, prompt, seed, role and label, joined to each run's
