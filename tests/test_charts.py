@@ -141,6 +141,9 @@ def test_tracks_add_log_likelihood_and_kl_and_label_the_divergence_once() -> Non
     # Named once, in the legend, not over a track's title.
     assert [name for name in names if "first divergence" in name] == ["first divergence (position 3)"]
     assert not [a for a in figure["layout"]["annotations"] if "divergence" in a["text"]]
+    # Every track's small values in scientific notation, not SI prefixes ("1μ" read as a unit: issue 45).
+    axes = [name for name in figure["layout"] if name.startswith("yaxis")]
+    assert len(axes) == 5 and all(figure["layout"][name].get("exponentformat") == "e" for name in axes)
 
 
 def test_tree_figures_escape_token_text_and_mark_the_path() -> None:

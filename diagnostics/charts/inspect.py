@@ -177,5 +177,8 @@ def tracks_figure(positions: "object", selected: int | None = None, divergence: 
     # A distortion is never negative: a lossless run's flat 0 sits on the axis's floor (0 to 1),
     # not in the middle of a symmetric -1 to 1 range.
     figure.update_yaxes(rangemode="nonnegative", row=5, col=1)
+    # Small values in scientific notation: Plotly's default SI prefixes labelled a track's ticks
+    # "1μ 2μ 3μ", which reads as a unit, not as 1e-6.
+    figure.update_yaxes(exponentformat="e")
     return figure
 
