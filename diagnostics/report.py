@@ -310,7 +310,9 @@ def _embedded_tokenizer() -> Any:
 
 
 def _figure_html(figure: Any, div_id: str) -> str:
-    return pio.to_html(figure, include_plotlyjs=False, full_html=False, div_id=div_id)
+    from diagnostics.charts import CHART_CONFIG
+
+    return pio.to_html(figure, include_plotlyjs=False, full_html=False, div_id=div_id, config=CHART_CONFIG)
 
 
 NO_MODEL = "a report loads no model"

@@ -338,6 +338,10 @@ def test_inspect_a_tree_run_shows_the_candidates_and_the_round(tmp_path: Path, t
     at = _open(query={"run": run_id, "pos": str(rejected)})
     names = [json.loads(chart.proto.spec) for chart in at.get("plotly_chart")]
     candidates, tree = names[1], names[2]
+    # Every chart's toolbar is the short one (zoom, pan, reset, PNG), which no longer prints over titles and legends.
+    configs = [json.loads(chart.proto.config) for chart in at.get("plotly_chart")]
+    assert len(configs) == 3 and all("lasso2d" in config["modeBarButtonsToRemove"] and config["displaylogo"] is False
+                                     for config in configs), configs
     trace_names = [trace.get("name") for trace in candidates["data"]]
     assert trace_names[0] == "r₁ = p" and "fallback law (every candidate refused)" in trace_names and "P (emitted law)" in trace_names
     assert {trace.get("name") for trace in tree["data"]} >= {"refused"}

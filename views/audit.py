@@ -28,7 +28,7 @@ from diagnostics.audit.suite import (
     run_rule_audit,
     tiny_setup,
 )
-from diagnostics.charts import audit_figure
+from diagnostics.charts import CHART_CONFIG, audit_figure
 from diagnostics.engine import eos_ids
 from diagnostics.inspection import target_spec
 from diagnostics.models import ModelError
@@ -372,7 +372,7 @@ banner = {"fail": (st.error, ":material/error:"), "inconclusive": (st.warning, "
 banner[0](verdict_paragraph(evidence), icon=banner[1])  # literal-ok: verdict_paragraph passes untrusted text through md/literal
 figure = audit_figure(evidence)
 if figure is not None:
-    st.plotly_chart(figure, key="audit_chart")
+    st.plotly_chart(figure, key="audit_chart", config=CHART_CONFIG)
 if evidence.get("layer") == "rule":
     st.markdown("**Evidence per (p, q) pair** (worst first; Holm-adjusted across the pairs)")
     st.dataframe(readable_rows(pair_rows(evidence)), hide_index=True)

@@ -8,7 +8,7 @@ import uuid
 import pandas as pd
 import streamlit as st
 
-from diagnostics.charts import token_strip_html
+from diagnostics.charts import CHART_CONFIG, token_strip_html
 from diagnostics.comparison import (
     group_status,
     member_figures,
@@ -180,7 +180,7 @@ def _tree_or_chain_step(run_row: dict, record: dict, laws, decode, unavailable: 
     nodes = store.tree_nodes(run_row["run_id"], block=int(record["block"])) if run_row.get("tree") else None
     line, figure = run_decision(run_row, record, nodes, laws, decode, unavailable)
     st.caption(literal(line))
-    st.plotly_chart(figure, key=key)
+    st.plotly_chart(figure, key=key, config=CHART_CONFIG)
 
 
 def _mean_sd(name: str, digits: int) -> list[str]:
@@ -241,7 +241,7 @@ if reference_run is not None and diverging:
             continue
         reason, figure, note = chain_divergence(reference_run, ref_record, member.rule, other_record, laws, decode, unavailable)
         st.caption(literal(reason))
-        st.plotly_chart(figure, key=f"cmp_divergence_{member.run_id}")
+        st.plotly_chart(figure, key=f"cmp_divergence_{member.run_id}", config=CHART_CONFIG)
         if note:
             st.caption(literal(note))
 

@@ -11,7 +11,7 @@ import re
 
 import streamlit as st
 
-from diagnostics.charts import law_figure, token_strip_html, tracks_figure, tree_candidates_figure, tree_round_figure
+from diagnostics.charts import CHART_CONFIG, law_figure, token_strip_html, tracks_figure, tree_candidates_figure, tree_round_figure
 from diagnostics.coupling import divergence_partners
 from diagnostics.divergence import SEVERE_OVERSHOOT, decision_line, jump_targets, tree_decision_line
 from diagnostics.inspection import position_view, target_spec, tree_node_view
@@ -128,7 +128,7 @@ if clicked is not None and clicked != centre and 0 <= clicked < count:
 
 st.subheader("Per-position tracks")
 event = st.plotly_chart(tracks_figure(positions, selected=centre, divergence=divergence),
-                        key="tracks", on_select="rerun", selection_mode="points")
+                        key="tracks", on_select="rerun", selection_mode="points", config=CHART_CONFIG)
 points = getattr(getattr(event, "selection", None), "points", None) if event else None
 chosen = int(round(points[0]["x"])) if points else None
 # A chart keeps its selection across reruns: act on a new selection only, or a jump would be undone.
@@ -157,7 +157,7 @@ left, right = st.columns([3, 1])
 with left:
     if node_view is not None:
         st.plotly_chart(tree_candidates_figure(node_view, top_n=15, emitted_token=node_view.index_of(record["token"])),
-                        key="position_tree_law")
+                        key="position_tree_law", config=CHART_CONFIG)
     elif run.get("tree") and (round_nodes is None or round_nodes.empty) and kind != "bonus":
         # A chain step's chart would show the wrong law for a tree node.
         st.info("This file holds no tree nodes for this run (a Parquet export carries positions only), so the node's "
@@ -166,7 +166,7 @@ with left:
         # Rebuilt laws index the union of the stored top-k ids: index_of maps a token id to its bar.
         draft_token = None if kind == "bonus" else detail.index_of(record.get("draft_token"))
         st.plotly_chart(law_figure(detail.view, top_n=25, draft_token=draft_token, emitted_token=detail.index_of(record["token"]),
-                                   kind=kind), key="position_law")
+                                   kind=kind), key="position_law", config=CHART_CONFIG)
 with right:
     # The stored scalars are exact over the full vocabulary, whatever the chart could rebuild.
     def shown_value(name: str) -> str:
@@ -194,4 +194,4 @@ if round_nodes is not None and len(round_nodes):
                       expected=f"{summary['expected_tokens']:.3f}", emitted=int(summary["emitted"])))
     node = record.get("tree_node")
     st.plotly_chart(tree_round_figure(round_nodes, selected_node=None if node is None or node != node else int(node),
-                                      decode=decode), key="round_tree")
+                                      decode=decode), key="round_tree", config=CHART_CONFIG)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from diagnostics.charts import draft_path_figure, law_figure
+from diagnostics.charts import CHART_CONFIG, draft_path_figure, law_figure
 from diagnostics.distortion_curve import PATH_RULES, PATH_TREE_RULES, distortion_path
 from diagnostics.explain import explain_step, rule_table
 from diagnostics.rules import EXAMPLE_SPECS, RULES, RuleError, get_rule
@@ -77,7 +77,7 @@ elif view.allowed_mass is not None:
 else:
     cols[4].metric("H(p)", f"{view.entropy_target:.4f}", help="Entropy of the target, natural log.")
 
-st.plotly_chart(law_figure(view), key="law_chart")
+st.plotly_chart(law_figure(view), key="law_chart", config=CHART_CONFIG)
 
 st.subheader("Every rule at this pair")
 table = pd.DataFrame(rule_table(pair.p_target, pair.q_draft, PATH_RULES + ("lossless",), PATH_TREE_RULES + ("lossless",), tree_k))
@@ -88,7 +88,7 @@ st.subheader("Distortion as the draft improves")
 against = st.radio("Measure distortion against", ["baseline", "target"], horizontal=True, key="against",
                    format_func={"baseline": "matched baseline", "target": "target p"}.get)
 sweep = distortion_path(pair.p_target, pair.q_draft, tree_k=tree_k)
-st.plotly_chart(draft_path_figure(sweep, against), key="sweep_chart")
+st.plotly_chart(draft_path_figure(sweep, against), key="sweep_chart", config=CHART_CONFIG)
 st.caption(
     "Truncation rules level off at p(Aᶜ)² against their matched baseline (p(A)·p(Aᶜ) against p): "
     "inside A they follow the draft's shape, not p's. Lenience vanishes single-draft as q → p, "

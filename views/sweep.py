@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from diagnostics.charts import pareto_figure, token_strip_html
+from diagnostics.charts import CHART_CONFIG, pareto_figure, token_strip_html
 from diagnostics.engine import EngineError
 from diagnostics.evaluation.answers import needs_sandbox, recheck_sweep, require_sandbox_for
 from diagnostics.evaluation.plan import unit_members
@@ -265,7 +265,7 @@ if not summaries:
 has_accuracy = any(summary.figures["accuracy"][0] == summary.figures["accuracy"][0] for summary in summaries)
 choices = ["TV(P, baseline)", "TV(P, p)", "path KL"] + (["accuracy"] if has_accuracy else [])
 against = st.radio("Quality axis", choices, horizontal=True, key="sweep_axis")
-st.plotly_chart(pareto_figure(summaries, against), key="sweep_pareto")
+st.plotly_chart(pareto_figure(summaries, against), key="sweep_pareto", config=CHART_CONFIG)
 
 
 def _cell(value: tuple[float, float, float], digits: int = 3) -> str:

@@ -28,6 +28,12 @@ COLORS = {
     "allowed": "#17becf",
     "ceiling": "#d62728",
 }
+# Plotly's toolbar as every page and report shows it: zoom, pan, reset and a PNG download. Its full
+# set (box and lasso select, zoom in and out, autoscale, spikes, two hover modes, the logo) ran
+# across the top of the figure and printed over its title and legend.
+CHART_CONFIG = {"displaylogo": False,
+                "modeBarButtonsToRemove": ["select2d", "lasso2d", "zoomIn2d", "zoomOut2d", "autoScale2d", "toggleSpikelines",
+                                           "hoverClosestCartesian", "hoverCompareCartesian"]}
 RULE_COLORS = ["#d62728", "#9467bd", "#1f77b4", "#2ca02c", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]
 
 
