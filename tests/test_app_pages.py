@@ -338,7 +338,7 @@ def test_inspect_a_tree_run_shows_the_candidates_and_the_round(tmp_path: Path, t
     at = _open(query={"run": run_id, "pos": str(rejected)})
     names = [json.loads(chart.proto.spec) for chart in at.get("plotly_chart")]
     candidates, tree = names[1], names[2]
-    # Every chart's toolbar is the short one (zoom, pan, reset, PNG), which no longer prints over titles and legends.
+    # Every chart's toolbar is the short one (zoom, pan, reset, PNG); the layouts keep their text below it (test_charts).
     configs = [json.loads(chart.proto.config) for chart in at.get("plotly_chart")]
     assert len(configs) == 3 and all("lasso2d" in config["modeBarButtonsToRemove"] and config["displaylogo"] is False
                                      for config in configs), configs

@@ -337,3 +337,22 @@ def test_the_runs_table_reads_as_text_for_people() -> None:
     assert styled.data["tokens"].tolist() == [1234, 0]  # numbers stay numbers (sorting by value)
     many = pd.concat([runs] * (STYLED_CELLS_MAX // (2 * len(RUN_HEADERS)) + 1), ignore_index=True)
     assert runs_display(many).equals(runs_table(many))  # past the bound: the same text, unstyled
+
+
+def test_every_chart_keeps_its_title_and_top_legend_below_the_toolbar() -> None:
+    """Rough edge 4 of issue 45 (everyday, < 1 s): the toolbar shown on hover (about 28 px at the top
+    right) printed over titles, the tree legend and Compare's subplot titles. Each figure's top
+    margin now leaves that row free, and a title is pinned below it."""
+    import pandas as pd
+    import plotly.graph_objects as go
+
+    from diagnostics.charts import tracks_figure
+    from diagnostics.charts.common import TOOLBAR_ROW, below_toolbar
+
+    titled = below_toolbar(go.Figure(layout={"title": {"text": "a long title"}, "margin": {"t": 50}}))
+    assert titled.layout.margin.t == 50 + TOOLBAR_ROW and titled.layout.title.pad.t == TOOLBAR_ROW
+    assert titled.layout.title.yref == "container" and titled.layout.title.yanchor == "top"
+    frame = pd.DataFrame({"position": range(3), "index_in_block": [0, 1, 0], "kind": ["accepted"] * 3, "accept_prob": [0.5] * 3,
+                          "alpha": [0.4] * 3, "tv_pq": [0.2] * 3, "entropy_p": [1.0] * 3, "p_token": [0.5] * 3,
+                          "tv_target": [0.0] * 3, "tv_baseline": [0.1] * 3, "kl_target": [0.01] * 3, "token_text": ["a"] * 3})
+    assert tracks_figure(frame).layout.margin.t == 40 + TOOLBAR_ROW  # its subplot titles sit in that margin

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from diagnostics.charts.common import chart_text, safe_label
+from diagnostics.charts.common import below_toolbar, chart_text, safe_label
 
 
 def audit_figure(evidence: dict) -> go.Figure | None:
@@ -30,7 +30,7 @@ def audit_figure(evidence: dict) -> go.Figure | None:
         figure.update_layout(title=f"Output law vs {chart_text(evidence['reference'])}: observed TV per (p, q) pair "
                                    "(red: Holm-adjusted p below the level)",
                              yaxis_title="TV (tested cells)", height=380, margin={"t": 50, "b": 40, "l": 50, "r": 10})
-        return figure
+        return below_toolbar(figure)
     if layer in ("engine", "external"):
         counts = evidence.get("bin_counts") or []
         if not counts or not sum(counts):
@@ -53,6 +53,6 @@ def audit_figure(evidence: dict) -> go.Figure | None:
                                    "(flat when the generator samples p)",
                              xaxis_title="PIT value u = F(y − 1) + V·p(y)", yaxis_title="tokens", height=380,
                              margin={"t": 50, "b": 40, "l": 50, "r": 10}, bargap=0.05)
-        return figure
+        return below_toolbar(figure)
     return None
 

@@ -34,6 +34,23 @@ COLORS = {
 CHART_CONFIG = {"displaylogo": False,
                 "modeBarButtonsToRemove": ["select2d", "lasso2d", "zoomIn2d", "zoomOut2d", "autoScale2d", "toggleSpikelines",
                                            "hoverClosestCartesian", "hoverCompareCartesian"]}
+# The toolbar's row at a figure's top right (its buttons and Streamlit's fullscreen: 26 px, 3 px from the top),
+# with a margin: titles, subplot titles and top legends start below it (``below_toolbar``).
+TOOLBAR_ROW = 38
+
+
+def below_toolbar(figure: go.Figure) -> go.Figure:
+    """``figure`` with its top margin grown by ``TOOLBAR_ROW`` and its title pinned that far below the
+    container's top, so the toolbar shown on hover covers neither the title nor the subplot titles
+    and legends that sit just above the plot (measured in headless chromium: a 152-px bar over the
+    law, candidates and PIT titles, the tree legend and Compare's subplot title)."""
+    top = figure.layout.margin.t
+    figure.update_layout(margin={"t": (40 if top is None else top) + TOOLBAR_ROW})
+    if figure.layout.title.text:
+        figure.update_layout(title={"yref": "container", "y": 1, "yanchor": "top", "pad": {"t": TOOLBAR_ROW}})
+    return figure
+
+
 RULE_COLORS = ["#d62728", "#9467bd", "#1f77b4", "#2ca02c", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 import torch
 
-from diagnostics.charts.common import COLORS, RULE_COLORS, category_labels, chart_text, mark_tokens, shown_tokens
+from diagnostics.charts.common import COLORS, RULE_COLORS, below_toolbar, category_labels, chart_text, mark_tokens, shown_tokens
 from diagnostics.explain import StepView
 
 
@@ -63,5 +63,5 @@ def divergence_figure(p_target: torch.Tensor, q_draft: torch.Tensor, steps: list
     figure.update_yaxes(title_text="probability", range=[0, tallest * 1.35], row=1, col=1)
     figure.update_layout(barmode="group", height=440, margin={"t": 40, "b": 40, "l": 50, "r": 10},
                          legend={"orientation": "h", "y": -0.15}, xaxis_type="category")
-    return figure
+    return below_toolbar(figure)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 import torch
 
-from diagnostics.charts.common import COLORS, category_labels, chart_text, denoise, mark_tokens, shown_tokens, token_label
+from diagnostics.charts.common import COLORS, below_toolbar, category_labels, chart_text, denoise, mark_tokens, shown_tokens, token_label
 from diagnostics.explain import StepView
 
 
@@ -105,7 +105,7 @@ def law_figure(view: StepView, top_n: int = 30, show_fallback: bool | None = Non
         margin={"t": 50, "b": 40, "l": 50, "r": 10},
         height=450,
     )
-    return figure
+    return below_toolbar(figure)
 
 
 def _vertical(x: float, color: str, width: int, dash: str) -> dict:
@@ -180,5 +180,5 @@ def tracks_figure(positions: "object", selected: int | None = None, divergence: 
     # Small values in scientific notation: Plotly's default SI prefixes labelled a track's ticks
     # "1μ 2μ 3μ", which reads as a unit, not as 1e-6.
     figure.update_yaxes(exponentformat="e")
-    return figure
+    return below_toolbar(figure)
 

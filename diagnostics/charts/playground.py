@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from diagnostics.charts.common import RULE_COLORS, chart_text, denoise
+from diagnostics.charts.common import RULE_COLORS, below_toolbar, chart_text, denoise
 from diagnostics.distortion_curve import DraftPath
 
 
@@ -53,5 +53,5 @@ def draft_path_figure(sweep: DraftPath, against: str = "baseline") -> go.Figure:
         margin={"t": 50, "b": 40, "l": 50, "r": 10},
         height=450,
     )
-    return figure
+    return below_toolbar(figure)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from diagnostics.charts.common import COLORS, chart_text, denoise, safe_label
+from diagnostics.charts.common import COLORS, below_toolbar, chart_text, denoise, safe_label
 
 
 def pareto_figure(summaries: list, against: str = "TV(P, baseline)") -> go.Figure:
@@ -36,4 +36,4 @@ def pareto_figure(summaries: list, against: str = "TV(P, baseline)") -> go.Figur
                          title=f"Modelled speed-up against {chart_text(against)} (95% intervals over prompts and seeds)",
                          xaxis_title="modelled speed-up over plain decoding", yaxis_title=chart_text(against),
                          legend={"orientation": "h", "y": -0.15})
-    return figure
+    return below_toolbar(figure)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 import torch
 
-from diagnostics.charts.common import COLORS, mark_tokens, token_label
+from diagnostics.charts.common import COLORS, below_toolbar, mark_tokens, token_label
 
 
 def tree_candidates_figure(view: "object", top_n: int = 20, emitted_token: int | None = None) -> go.Figure:
@@ -53,9 +53,9 @@ def tree_candidates_figure(view: "object", top_n: int = 20, emitted_token: int |
         marks.append((emitted_token, "emitted", "star", "#000000"))
     mark_tokens(figure, labels, tokens, marks, height)
     figure.update_layout(barmode="group", height=420, margin={"l": 10, "r": 10, "t": 40, "b": 10},
-                         title="Candidates (left, in the order tried) and the law after each refusal; then the likeliest tokens",
+                         title="Candidates in the order tried, the law after each refusal, then the likeliest tokens",
                          legend={"orientation": "v", "x": 1.02, "y": 1}, yaxis_title="probability", xaxis_type="category")
-    return figure
+    return below_toolbar(figure)
 
 
 def _tree_layout(parents: list[int]) -> list[float]:
@@ -131,5 +131,5 @@ def tree_round_figure(nodes: "object", selected_node: int | None = None, decode=
                          xaxis={"title": "depth", "dtick": 1, "range": [-0.5, depth + 0.9]},
                          yaxis={"visible": False},
                          legend={"orientation": "h", "x": 1, "xanchor": "right", "y": 1.02, "yanchor": "bottom"})
-    return figure
+    return below_toolbar(figure)
 
