@@ -319,10 +319,9 @@ def test_runs_page_builds_the_report_and_export_only_when_asked(populated, monke
     assert built == ["report", "duckdb"] and keys() == []
 
 
-def test_inspect_a_tree_run_shows_the_candidates_and_the_round(tmp_path: Path, tiny_folder: str, monkeypatch) -> None:
-    """A tree run on Inspect: the position chart shows each candidate's law in trying order with
-    the emitted law P; the round's tree is drawn with its accepted path; a rejected position's
-    line names every refused candidate with its coin."""
+def _tree_run(tmp_path: Path, tiny_folder: str, monkeypatch):
+    """A lenience:0.5 tree run (3,2) of the tiny target recorded into a fresh database the pages read:
+    ``(store, target, run_id, run)``."""
     db = tmp_path / "runs.duckdb"
     monkeypatch.setenv("SPECLAB_DB", str(db))
     monkeypatch.setenv("SPECLAB_TARGET", tiny_folder)
@@ -331,6 +330,14 @@ def test_inspect_a_tree_run_shows_the_candidates_and_the_round(tmp_path: Path, t
     request = RunRequest(prompt="w1 w2 w3 w1 w2", rule="lenience:0.5", draft="early-exit:1", tree="3,2", max_new_tokens=16,
                          seed=4, raw=True)
     run_id, run = record_run(store, target, "early-exit:1", request)
+    return store, target, run_id, run
+
+
+def test_inspect_a_tree_run_shows_the_candidates_and_the_round(tmp_path: Path, tiny_folder: str, monkeypatch) -> None:
+    """A tree run on Inspect: the position chart shows each candidate's law in trying order with
+    the emitted law P; the round's tree is drawn with its accepted path; a rejected position's
+    line names every refused candidate with its coin."""
+    store, target, run_id, run = _tree_run(tmp_path, tiny_folder, monkeypatch)
     assert run.tree is not None and store.get_run(run_id)["tree"] == "3,2"
     nodes = store.tree_nodes(run_id)
     assert len(nodes) == sum(round_.nodes for round_ in run.rounds) and not store.tree_rounds(run_id).empty
@@ -371,14 +378,7 @@ def test_a_tree_run_whose_laws_are_rebuilt_is_labelled_with_token_text(tmp_path:
     its id ("lenience:0.5 tries '3'"); the target still decodes them ("tries 'w3'")."""
     import views.common as common
 
-    db = tmp_path / "runs.duckdb"
-    monkeypatch.setenv("SPECLAB_DB", str(db))
-    monkeypatch.setenv("SPECLAB_TARGET", tiny_folder)
-    store = Store(db)
-    target = load_model(tiny_folder)
-    request = RunRequest(prompt="w1 w2 w3 w1 w2", rule="lenience:0.5", draft="early-exit:1", tree="3,2", max_new_tokens=16,
-                         seed=4, raw=True)
-    run_id, run = record_run(store, target, "early-exit:1", request)
+    store, target, run_id, run = _tree_run(tmp_path, tiny_folder, monkeypatch)
     rejected = next(record for record in run.records if record.kind == "rejected")
 
     def unavailable(*args, **kwargs):
