@@ -20,9 +20,6 @@ from typing import Any
 
 from diagnostics.audit.samples import Sample
 
-REPLAY_DEFAULT = 32  # generations replayed per side: about a tenth of a 10,000-token row's
-
-
 @dataclass
 class Replay:
     """What a replay found: the counts over the replayed generations, and how many of those gave the
@@ -81,8 +78,8 @@ def replay(samples: list[Sample], count: int, eos: set[int], start: Start, step:
         drafted += int(counts.get("drafted") or 0)
         accepted += int(counts.get("accepted") or 0)
         source = str(counts.get("source") or source)
+        replayed += len(chunk)  # a request that ended at a crash answers fewer seeds: the rest are not identical
         for sample, output in zip(chunk, outputs):
-            replayed += 1
             if isinstance(output, Exception):
                 continue
             ended = next((place for place, token in enumerate(output) if token in eos), None)
@@ -91,20 +88,36 @@ def replay(samples: list[Sample], count: int, eos: set[int], start: Start, step:
     return Replay(drafted, accepted, replayed, identical, len(samples), source)
 
 
-def counting_call(generator: Any) -> Start:
-    """``replay``'s ``start`` for an in-process generator that keeps ``generator.counters``: the
-    request runs at once; its outcome holds the counters' change over it."""
+def counted_chunk(generator: Any, prompt_ids: list[int], seeds: list[int]) -> Any:
+    """One request to an in-process generator, as the table makes it (``_generate_chunk``, ending at
+    the first seed that crashes): each seed's tokens, or, where the engine counts its drafts
+    (``generator.counters``), ``{"outputs": …, "counters": this request's counts}``. The one way a
+    worker process (``run.worker_chunk``) and a replay here count a request."""
     from diagnostics.audit.engine_level import _generate_chunk
 
+    counters = getattr(generator, "counters", None)
+    before = dict(counters) if isinstance(counters, dict) else None
+    outputs = _generate_chunk(generator, getattr(generator, "batch", None), prompt_ids, seeds, first_error_only=True)
+    if before is None:
+        return outputs
+    # The generator lives on (in a worker, across requests): this request's counts are the change.
+    delta = {name: counters[name] - before[name] for name in ("drafted", "accepted", "generations")}
+    return {"outputs": outputs, "counters": {**delta, "source": counters.get("source")}}
+
+
+def _outcome(result: Any) -> Outcome:
+    if not isinstance(result, dict):
+        raise ValueError("this engine keeps no draft counters: its rows stay 'drafts not counted'")
+    return result["outputs"], result.get("counters") or {}
+
+
+def counting_call(generator: Any) -> Start:
+    """``replay``'s ``start`` for an in-process generator that keeps ``generator.counters``: the
+    request runs at once (``counted_chunk``)."""
+
     def start(prompt_ids: list[int], seeds: list[int]) -> Callable[[], Outcome]:
-        counters = getattr(generator, "counters", None)
-        if not isinstance(counters, dict):
-            raise ValueError("this engine keeps no draft counters: its rows stay 'drafts not counted'")
-        before = dict(counters)
-        outputs = _generate_chunk(generator, getattr(generator, "batch", None), prompt_ids, seeds)
-        counts = {"drafted": counters["drafted"] - before["drafted"], "accepted": counters["accepted"] - before["accepted"],
-                  "source": counters.get("source")}
-        return lambda: (outputs, counts)
+        outcome = _outcome(counted_chunk(generator, prompt_ids, seeds))
+        return lambda: outcome
 
     return start
 
@@ -115,13 +128,6 @@ def worker_call(submit: Callable[[list[int], list[int]], Any]) -> Start:
 
     def start(prompt_ids: list[int], seeds: list[int]) -> Callable[[], Outcome]:
         future = submit(list(prompt_ids), list(seeds))
-
-        def wait() -> Outcome:
-            result = future.result()
-            if not isinstance(result, dict):
-                raise ValueError("this engine keeps no draft counters: its rows stay 'drafts not counted'")
-            return result["outputs"], result.get("counters") or {}
-
-        return wait
+        return lambda: _outcome(future.result())
 
     return start

@@ -45,10 +45,10 @@ ONNXRUNTIME_GENAI_ROWS = [
     EngineRow("onnxruntime-genai-ngram", "ONNX Runtime GenAI, n-gram lookup", "onnxruntime-genai",
               {"ngram_size": 3, "max_draft_tokens": GAMMA}),
 ]
-VENV_KINDS = ("vllm", "openvino", "onnxruntime-genai")
+VENV_KINDS = ("vllm", "openvino", "onnxruntime-genai")  # engines in their own environment, driven through a worker (``venv_engine``)
 # In-process engines whose generators count their drafts: a kept row made before the table kept the
 # counts gets them by replay (``--count-drafts``). Servers report theirs in each answer, or none.
-REPLAYABLE = ("transformers", "universal", "ours", "mutant")  # engines in their own environment, driven through a worker (``venv_engine``)
+REPLAYABLE = ("transformers", "universal", "ours", "mutant")
 ENDPOINT = "endpoint"
 # The control each kind of row shares (speculation off): its file's name.
 CONTROLS = {"transformers": "transformers-plain", "universal": "transformers-plain", "ours": "ours-plain", "mutant": "ours-plain", "server": "llama-cpp-python-plain",
@@ -162,21 +162,14 @@ def worker_chunk(spec: SetupSpec, row_name: str, policy: Policy, max_tokens: int
     """One chunk of seeds generated in a worker process (``--workers``): each seed's tokens, or the
     exception it raised; the same tokens the command's own process gives for those seeds. Where the
     engine counts its drafts, ``{"outputs": …, "counters": this chunk's counts}``."""
-    from diagnostics.audit.engine_level import _generate_chunk
+    from diagnostics.verdicts.replay import counted_chunk
 
     key = (spec, row_name, policy, max_tokens)
     if key not in _GENERATORS:
         _GENERATORS[key] = _generators(engine_rows()[row_name], cached_setup(spec), policy, max_tokens)
-    generator = _GENERATORS[key][0 if speculative else 1]
-    counters = getattr(generator, "counters", None)
-    before = dict(counters) if isinstance(counters, dict) else None
-    outputs = _generate_chunk(generator, getattr(generator, "batch", None), prompt_ids, seeds, first_error_only=True)
-    if before is None:
-        return outputs
-    # The engine's counters for this chunk alone (the generator lives on in this worker): the verdict
-    # table's proof that speculation ran, summed over the workers' chunks (``table.fill``).
-    delta = {name: counters[name] - before[name] for name in ("drafted", "accepted", "generations")}
-    return {"outputs": outputs, "counters": {**delta, "source": counters.get("source")}}
+    # The engine's counts for this chunk alone: the verdict table's proof that speculation ran,
+    # summed over the workers' chunks (``table.fill``).
+    return counted_chunk(_GENERATORS[key][0 if speculative else 1], prompt_ids, seeds)
 
 
 def _one_thread() -> None:
