@@ -13,7 +13,7 @@ from diagnostics.evaluation.plan import unit_members
 from diagnostics.evaluation.prompts import PromptSetError, load_prompts
 from diagnostics.evaluation.sandbox import SandboxUnavailable
 from diagnostics.evaluation.settings import checkers_of, resolve_cost, stored_cost
-from diagnostics.evaluation.stats import summarise_sweep, sweep_table
+from diagnostics.evaluation.stats import summarise_sweep, sweep_table, with_interval
 from diagnostics.evaluation.sweeper import (
     base_request,
     expand_rules,
@@ -269,10 +269,7 @@ st.plotly_chart(pareto_figure(summaries, against), key="sweep_pareto", config=CH
 
 
 def _cell(value: tuple[float, float, float], digits: int = 3) -> str:
-    mean, low, high = value
-    if mean != mean:
-        return "–"
-    return f"{mean:.{digits}f}" + (f" [{low:.{digits}f}, {high:.{digits}f}]" if low == low else "")
+    return with_interval(value, f".{digits}f")
 
 
 st.subheader("Per setting (95% intervals over prompts and seeds)")
