@@ -329,7 +329,7 @@ def tree_node_view(run: dict[str, Any], record: dict[str, Any], nodes: Any, laws
                    unavailable: str | None = None) -> TreeNodeView | None:
     """The node view at a tree run's ``record`` (``nodes``: the round's ``tree_nodes`` rows), or
     ``None`` when the position had no candidates (a bonus after an accepted leaf)."""
-    from diagnostics.engine.tree_walk import node_steps
+    from diagnostics.engine.reference.tree_walk import node_steps
 
     node = record.get("tree_node")
     if node is None or node != node or nodes is None or len(nodes) == 0:

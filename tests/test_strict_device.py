@@ -96,7 +96,7 @@ def test_a_drafter_that_builds_its_laws_on_the_host_is_caught(models, monkeypatc
     with mode:
         # The per-row programs call the drafter's ``propose`` (the tensor program looks n-grams up itself),
         # as they do for any drafter object.
-        generate_batch(target, "ngram:2", PROMPTS, "lossless", [0, 1, 2, 3], max_new_tokens=6, eos_token_id=[], core="rows")
+        generate_batch(target, "ngram:2", PROMPTS, "lossless", [0, 1, 2, 3], max_new_tokens=6, eos_token_id=[], core="reference")
     assert mode.places == {"diagnostics/engine/planted_host_laws.py:7": "zeros"}, mode.report()
     # Code outside diagnostics/ (a test's own tensors) is not the engine's business.
     with StrictDevice() as outside:

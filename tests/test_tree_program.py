@@ -3,8 +3,8 @@
 * End to end on float64 tiny models (the direct Llama forward with an early-exit draft, a module
   forward with a separate draft module): fixed shapes, sparse choices, every children mode, every
   tree rule, mixed policies, prompts and budgets, EOS, continuous batching: the same tokens, counters,
-  position records, node records and round records as ``tree.tree_row`` (scalars within 1e-12).
-* The children of a node (``tree_rows.top_children``) follow the per-row drafter's order at ties.
+  position records, node records and round records as ``reference.tree.tree_row`` (scalars within 1e-12).
+* The children of a node (``tree_verify.top_children``) follow the per-row drafter's order at ties.
 * Growth: a tree batch of 32 rows costs at most 1.5× the dispatched ops and host reads of 4 rows (the
   per-row programs, the negative control, grow 4× or more).
 * Every planted tree and batch bug still plants in the program.
@@ -19,11 +19,11 @@ from devices import DEVICE
 from diagnostics.engine import generate_batch
 from diagnostics.engine.tree_draft import _top_children
 from diagnostics.engine.tree_program import TreeProgram
-from diagnostics.engine.tree_rows import top_children
+from diagnostics.engine.tree_verify import top_children
 from diagnostics.models import early_exit_model
 from diagnostics.policy import Policy
 from diagnostics.tiny import tiny_llama
-from test_round_program import EXACT, SCALARS, _Ops, _Reads
+from test_chain_program import EXACT, SCALARS, _Ops, _Reads
 from tiny_models import tiny_lm
 
 VOCAB = 12
@@ -100,7 +100,7 @@ def test_the_tree_program_gives_what_the_per_row_trees_give(setup: str, shape: s
     tensor_runs = generate_batch(target, draft, prompts, row_rules, seeds, core="tensor", **kwargs)
     assert rounds and max(rounds) > 1
     count = len(rounds)
-    row_runs = generate_batch(target, draft, prompts, row_rules, seeds, core="rows", **kwargs)
+    row_runs = generate_batch(target, draft, prompts, row_rules, seeds, core="reference", **kwargs)
     assert len(rounds) == count
     assert any(run.stop_reason == "eos" for run in row_runs) and any(run.stop_reason == "length" for run in row_runs)
     if isinstance(tree, tuple):  # the budget binds: some round drafted more nodes than it kept
@@ -136,8 +136,8 @@ def test_tree_work_per_round_does_not_grow_with_rows() -> None:
     ops4, reads4 = _counts(target, draft, 4, "tensor")
     ops32, reads32 = _counts(target, draft, 32, "tensor")
     assert ops32 <= 1.5 * ops4 and reads32 <= 1.5 * reads4, (ops4, ops32, reads4, reads32)
-    row_ops4, row_reads4 = _counts(target, draft, 4, "rows")
-    row_ops32, row_reads32 = _counts(target, draft, 32, "rows")
+    row_ops4, row_reads4 = _counts(target, draft, 4, "reference")
+    row_ops32, row_reads32 = _counts(target, draft, 32, "reference")
     assert row_ops32 > 3 * row_ops4 and row_reads32 > 3 * row_reads4
 
 

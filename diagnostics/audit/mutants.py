@@ -19,14 +19,14 @@ import torch
 from diagnostics.engine.drafting import TargetScorer
 from diagnostics.engine import EngineSeams, fallback_law, target_laws
 from diagnostics.engine.forward import Block, BlockOutput, Forward, Output
-from diagnostics.engine.verify_rows import at_index
+from diagnostics.engine.chain_verify import at_index
 from diagnostics.policy import Policy, probabilities
 from diagnostics.rng import sample_inverse_cdf
 from diagnostics.rules import Rule, normalise_or
 from diagnostics.rules.single import coin_draws
 from diagnostics.engine.tree_attention import tree_inputs
-from diagnostics.engine.tree_rows import unzeroed_steps_rows
-from diagnostics.engine.tree_walk import all_node_steps
+from diagnostics.engine.tree_verify import unzeroed_steps_rows
+from diagnostics.engine.reference.tree_walk import all_node_steps
 
 Verify = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Generator], torch.Tensor]
 

@@ -43,7 +43,7 @@ def _replay_tree_node(run: dict, rule, record: dict, nodes, p_target: torch.Tens
     """A tree position: the node's candidates (from the stored nodes) tried in order against the
     recomputed ``p`` must give the stored ``a_j``, the stored decisions from the stored coins, and
     (all refused) the emitted token from ``r_{K+1}`` at ``u_fallback``."""
-    from diagnostics.engine.tree_walk import node_steps
+    from diagnostics.engine.reference.tree_walk import node_steps
 
     position, node = int(record["position"]), record.get("tree_node")
     if nodes is None or nodes.empty or node is None or node != node:

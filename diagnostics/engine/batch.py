@@ -2,7 +2,7 @@
 
 ``generate_batch`` runs ``B`` rows that may differ in prompt, rule, seed, policy and token budget
 (a coupled unit: the lossless run, each rule and each baseline with one prompt and seed). Each row
-is a generator (``chain.chain_row`` or ``tree.tree_row``) that yields the forwards it needs; the
+is a generator (``reference.chain.chain_row`` or ``reference.tree.tree_row``) that yields the forwards it needs; the
 driver runs the pending requests of one stage for every row at once (draft stages before the
 target's, so the rows reach verification together), sends each row its output, and repeats.
 A row that finishes leaves and the next waiting row joins (continuous batching), so at most
@@ -23,12 +23,12 @@ from typing import Any
 import torch
 
 from diagnostics.engine.admission import Admission
-from diagnostics.engine.chain import chain_row
+from diagnostics.engine.reference.chain import chain_row
 from diagnostics.engine.drafting import ModelDrafter, NgramDrafter, TargetScorer
 from diagnostics.engine.forward import full_stage
 from diagnostics.engine.head_drafting import HeadDrafter, head_stage
 from diagnostics.engine.tree_program import TreeProgram, supports_tree_program
-from diagnostics.engine.program import RoundProgram, supports_program
+from diagnostics.engine.chain_program import RoundProgram, supports_program
 from diagnostics.engine.records import PositionRecord, Run
 from diagnostics.engine.seams import CORRECT, EngineSeams
 from diagnostics.engine.self_speculation import LayerSplitRow, SelfDrafter, SplitScorer, SplitStages, split_layer
@@ -40,7 +40,7 @@ from diagnostics.engine.settings import (
     eos_ids,
     tree_spec_or_error,
 )
-from diagnostics.engine.tree import tree_row
+from diagnostics.engine.reference.tree import tree_row
 from diagnostics.engine.tree_draft import TreeSpec
 from diagnostics.models import (
     LoadedModel,
@@ -235,14 +235,14 @@ def generate_batch(
     the rows in flight end ``interrupted`` at their next round.
 
     ``core``: ``tensor`` (the default) runs a chain of plain decoding, a draft model, the early exit or
-    n-grams as one tensor program per round (``diagnostics.engine.program``: host work flat as rows grow);
-    ``rows`` runs each row's own program (``chain.chain_row``, ``tree.tree_row``), the tensor programs'
+    n-grams as one tensor program per round (``diagnostics.engine.chain_program``: host work flat as rows grow);
+    ``reference`` runs each row's own program (``reference.chain.chain_row``, ``reference.tree.tree_row``), the tensor programs'
     oracle. Trees drafted by a model, the early exit or prompt lookup run as ``tree_program.TreeProgram``;
     draft heads and custom drafters always run per row.
     """
     loaded = wrap_model(target) if not isinstance(target, LoadedModel) else target
-    if core not in ("tensor", "rows"):
-        raise EngineError(f"core must be 'tensor' or 'rows', got {core!r}")
+    if core not in ("tensor", "reference"):
+        raise EngineError(f"core must be 'tensor' or 'reference', got {core!r}")
     count = len(prompts)
     if count == 0:
         raise EngineError("no prompts: give at least one")
@@ -400,7 +400,7 @@ def generate(
     for audits only (planted bugs); leave it at the default.
 
     ``tree`` (``(3, 2, 1)``, ``"3,2,1"`` or a ``TreeSpec``) or ``tree_budget``/``tree_depth``
-    drafts a token tree per round instead of a chain of ``gamma`` (``diagnostics.engine.tree``);
+    drafts a token tree per round instead of a chain of ``gamma`` (``diagnostics.engine.reference.tree``);
     ``tree_children`` is ``top``, ``sample`` or ``sample-distinct``. ``on_round(round, nodes)``
     receives each round's ``RoundRecord`` and ``NodeRecord`` list. ``policy``, when given, is the
     whole target policy (a matched baseline's Medusa gate, say) and replaces ``temperature`` …

@@ -75,7 +75,7 @@ class Output:
 
 @dataclass
 class Block:
-    """Every row of one step of the round program (``diagnostics.engine.program``) in one request.
+    """Every row of one step of the round program (``diagnostics.engine.chain_program``) in one request.
 
     Row ``b`` feeds ``sizes[b]`` inputs (``tokens[b, :sizes[b]]``, or ``hidden[b, :sizes[b]]`` for a split
     model's upper layers) into slot ``slots[b]`` from cache position ``starts[b]``, causally; the inputs

@@ -14,9 +14,9 @@ import torch
 
 from diagnostics.engine.drafting import TargetScorer
 from diagnostics.engine.forward import Block, BlockOutput, Forward, Output
-from diagnostics.engine.tree_rows import steps_rows
-from diagnostics.engine.tree_walk import all_node_steps
-from diagnostics.engine.verify_rows import at_index
+from diagnostics.engine.tree_verify import steps_rows
+from diagnostics.engine.reference.tree_walk import all_node_steps
+from diagnostics.engine.chain_verify import at_index
 from diagnostics.policy import Policy, probabilities
 from diagnostics.rules import Rule
 

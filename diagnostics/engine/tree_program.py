@@ -2,13 +2,13 @@
 
 ``RoundProgram`` runs chains; this runs trees (a fixed shape ``--tree K1,K2,…`` or sparse choices with
 every children mode, or a budget ``--tree-budget N --tree-depth D``) drafted by a draft model, the
-target's early exit or each row's prompt-lookup trie (``_lookup_trees``), over every row at once, on a static template per batch (``tree_rows.Template``;
+target's early exit or each row's prompt-lookup trie (``_lookup_trees``), over every row at once, on a static template per batch (``tree_verify.Template``;
 a budget tree's template is ``D`` levels of ``N`` slots). A round of the ``B`` active rows:
 
 1. **Uniforms** ``U[B, D + 1, X, slot]`` keyed by each row's ``(seed, position + t, slot, sibling)`` in one
    host call (``rng.tree_round_uniform_array``), copied once.
 2. **Drafting**: one forward of each row's pending tokens (the root's law), then per depth ``d``: the
-   children of every node of depth ``d − 1`` for every row (``tree_rows.top_children`` or sampled draws),
+   children of every node of depth ``d − 1`` for every row (``tree_verify.top_children`` or sampled draws),
    which of them exist in each row (a budget tree: the candidates that rank among the ``N`` best paths,
    then the ``N`` best nodes kept), and one draft forward of the level under a tree mask (``Block`` with
    per-row positions and visibility). Template nodes a row does not have are fed too, under the mask,
@@ -16,12 +16,12 @@ a budget tree's template is ``D`` levels of ``N`` slots). A round of the ``B`` a
    numbers it (``Drafted``: per-row parents and depths).
 3. **Verification**: one target forward over every row's pending tokens and all template nodes; then
    per group of rows sharing a rule and policies: the steps at every node (``seams.tree_steps_rows``),
-   the walk (``tree_rows.walk_rows``), one draw per row, and the record columns of every depth.
+   the walk (``tree_verify.walk_rows``), one draw per row, and the record columns of every depth.
 4. **One host copy** of every group's packed buffer; the host builds each row's records (its tree is
    the template compacted to its nodes, numbered as the per-row drafter numbers them) and keeps each
    row's accepted path in both caches with one batched move per store (``SlotStore.move_rows``).
 
-The per-row programs (``tree.tree_row``) are the oracle (``tests/test_tree_program.py``). Draft heads
+The per-row programs (``reference.tree.tree_row``) are the oracle (``tests/test_tree_program.py``). Draft heads
 and a split target still run per row.
 """
 
@@ -35,13 +35,13 @@ import torch
 
 from diagnostics.engine.drafting import fit_vocabulary
 from diagnostics.engine.forward import Block
-from diagnostics.engine.program import RoundProgram, _Row
+from diagnostics.engine.chain_program import RoundProgram, _Row
 from diagnostics.engine.records import NodeRecord, PositionRecord, RoundRecord
 from diagnostics.engine.tree_attention import TokenTree
 from diagnostics.engine.tree_draft import TreeSpec, ngram_trie
-from diagnostics.engine.tree_rows import BONUS, NO_DRAW, REJECTED, Template, WalkRows, ancestors_rows, present_rows, \
+from diagnostics.engine.tree_verify import BONUS, NO_DRAW, REJECTED, Template, WalkRows, ancestors_rows, present_rows, \
     reach_rows, sampled_children, shape_rows, top_children, walk_rows
-from diagnostics.engine.verify_rows import _top, row_chunks
+from diagnostics.engine.chain_verify import _top, row_chunks
 from diagnostics.metrics import entropy, kl_divergence, overshoot_mass, total_variation
 from diagnostics.policy import probabilities
 from diagnostics.rng import SLOTS, tree_round_uniform_array
@@ -462,7 +462,7 @@ class TreeProgram(RoundProgram):
 
     def _expected(self, reach: torch.Tensor, tokens: torch.Tensor, valid: torch.Tensor, present: torch.Tensor,
                   budget: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
-        """``E = Σ_v reach(v) + 1 − Σ_{v ends the round without a draw} reach(v)`` (``tree_walk.expected_tokens``)."""
+        """``E = Σ_v reach(v) + 1 − Σ_{v ends the round without a draw} reach(v)`` (``reference.tree_walk.expected_tokens``)."""
         has_children = present[:, 1:].any(-1)
         silent = valid & (torch.isin(tokens, self.eos) | (~has_children & (depths >= budget[:, None])))
         return reach.sum(-1) + 1.0 - torch.where(silent, reach, 0.0).sum(-1)

@@ -3,7 +3,7 @@
 Row ``b`` of a group (one rule, one target and draft policy) drafted ``D[b, :γ]`` from ``Q[b]``; the
 target's laws are ``P[b, :γ + 1]``; ``U[b, j, s]`` are its uniforms (``s``: draft, accept, fallback);
 ``limit[b] ≤ γ`` drafts count (the token budget, the first EOS draft, adaptive drafting's stop) and
-``budget[b]`` tokens may still be emitted. Then, as in ``chain._verify_block`` one position at a time:
+``budget[b]`` tokens may still be emitted. Then, as in ``reference.chain._verify_block`` one position at a time:
 
 * ``a_j = a(P_j, Q_j)[D_j]``; draft ``j`` is accepted iff ``U[j, accept] < a_j`` and ``j < limit``;
 * the accepted length is ``n = Σ_j Π_{i ≤ j} accepted_i`` (a cumulative product: the accepted prefix);
@@ -14,7 +14,7 @@ target's laws are ``P[b, :γ + 1]``; ``U[b, j, s]`` are its uniforms (``s``: dra
 The record columns (every stored scalar and the top-k of ``p`` and ``q``) are computed for every
 slot and packed with the decisions into one float64 buffer ``[G, width]`` (``Columns``): the round
 program copies all groups' buffers to the host at once. The exact per-row program is
-``chain._verify_block``; ``tests/test_round_program.py`` checks the two agree.
+``reference.chain._verify_block``; ``tests/test_chain_program.py`` checks the two agree.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""The round as one tensor program (``diagnostics.engine.program``) against the per-row programs it replaced.
+"""The round as one tensor program (``diagnostics.engine.chain_program``) against the per-row programs it replaced.
 
 * Fed the same ``P`` and ``Q`` (random laws, every single-draft rule, budgets, EOS drafts), one group's
-  verification (``verify_rows.verify_group``) decides and records exactly what ``chain._verify_block``
+  verification (``chain_verify.verify_group``) decides and records exactly what ``reference.chain._verify_block``
   does row by row.
 * End to end on float64 tiny models (the direct Llama forward, a module forward, the early exit with
   and without reused layers, a separate draft model, prompt lookup; every rule; mixed rules, policies, prompts and
@@ -20,9 +20,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from devices import DEVICE
 from diagnostics.engine import CORRECT, generate_batch
-from diagnostics.engine.chain import _verify_block
+from diagnostics.engine.reference.chain import _verify_block
 from diagnostics.engine.records import Run
-from diagnostics.engine.verify_rows import Columns, verify_group
+from diagnostics.engine.chain_verify import Columns, verify_group
 from diagnostics.models import early_exit_model
 from diagnostics.policy import Policy
 from diagnostics.rng import round_uniforms
@@ -136,7 +136,7 @@ def test_the_tensor_program_gives_what_the_per_row_programs_give(setup: str) -> 
     prompts = (prompts * 2)[: len(rules)]
     seeds = list(range(len(rules)))
     tensor_runs = generate_batch(target, draft, prompts, rules, seeds, core="tensor", **kwargs)
-    row_runs = generate_batch(target, draft, prompts, rules, seeds, core="rows", **kwargs)
+    row_runs = generate_batch(target, draft, prompts, rules, seeds, core="reference", **kwargs)
     assert any(run.stop_reason == "eos" for run in row_runs) and any(run.stop_reason == "length" for run in row_runs)
     assert _same_runs(tensor_runs, row_runs) <= 1e-12
 
@@ -202,8 +202,8 @@ def test_work_per_round_does_not_grow_with_rows(setup: str) -> None:
     ops32, reads32 = _counts(target, draft, 32, rule, "tensor")
     assert ops32 <= 1.5 * ops4 and reads32 <= 1.5 * reads4, (ops4, ops32, reads4, reads32)
     # Negative control: the same count sees the per-row loop.
-    row_ops4, row_reads4 = _counts(target, draft, 4, rule, "rows")
-    row_ops32, row_reads32 = _counts(target, draft, 32, rule, "rows")
+    row_ops4, row_reads4 = _counts(target, draft, 4, rule, "reference")
+    row_ops32, row_reads32 = _counts(target, draft, 32, rule, "reference")
     assert row_ops32 > 3 * row_ops4 and row_reads32 > 3 * row_reads4
 
 

@@ -9,7 +9,7 @@ tokens with ``q > 0``; ``sample-distinct``: as many draws as ``q`` has tokens). 
 template order, so row ``b``'s own tree is the template compacted to its valid nodes, numbered as the
 per-row drafter numbers them (``tree_draft.grow``), and a valid node's ancestors are valid.
 
-The verification of every row's tree (``tree_walk``, one node at a time) becomes, over ``[G, N + 1, …]``
+The verification of every row's tree (``reference.tree_walk``, one node at a time) becomes, over ``[G, N + 1, …]``
 tensors with a fixed loop over the template's child numbers and then over its depths:
 
 * **steps** at every parent slot (the root and each node) for children ``c_1 … c_K`` in order:
@@ -22,7 +22,7 @@ tensors with a fixed loop over the template's child numbers and then over its de
   bonus ``b(p_leaf)`` if the budget allows; an accepted EOS ends the round. One draw per row at the end;
 * ``reach(v) = reach(parent)·Π_{i<j}(1 − a_i)·a_j`` and the exact expected tokens of the round.
 
-The per-row code (``tree_draft``, ``tree_walk``, ``tree.tree_row``) is this module's oracle:
+The per-row code (``tree_draft``, ``reference.tree_walk``, ``reference.tree.tree_row``) is this module's oracle:
 ``tests/test_tree_program.py`` feeds both the same laws.
 """
 
@@ -34,7 +34,7 @@ from functools import cached_property
 import torch
 
 from diagnostics.engine.tree_draft import TreeSpec
-from diagnostics.engine.verify_rows import draw_rows
+from diagnostics.engine.chain_verify import draw_rows
 from diagnostics.rules import Rule
 
 
@@ -155,7 +155,7 @@ def _without(law: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
 
 def steps_rows(rule: Rule, p_nodes: torch.Tensor, q_nodes: torch.Tensor, tokens: torch.Tensor, present: torch.Tensor,
                mode: str) -> Steps:
-    """``tree_walk.node_steps`` at ``M`` parent slots at once: laws ``[M, V]``, children ``tokens`` and
+    """``reference.tree_walk.node_steps`` at ``M`` parent slots at once: laws ``[M, V]``, children ``tokens`` and
     ``present`` ``[M, W]`` (the present children come first)."""
     rows, width = tokens.shape
     device = p_nodes.device
@@ -266,7 +266,7 @@ NO_DRAW, REJECTED, BONUS = 0, 1, 2
 def walk_rows(rule: Rule, depth: int, children: torch.Tensor, present: torch.Tensor, steps: Steps,
               p_laws: torch.Tensor, tokens: torch.Tensor, u_accept: torch.Tensor, u_fallback: torch.Tensor,
               budget: torch.Tensor, eos: torch.Tensor) -> WalkRows:
-    """``tree_walk.walk`` of every row as a fixed loop over the depths (see the module docstring).
+    """``reference.tree_walk.walk`` of every row as a fixed loop over the depths (see the module docstring).
 
     ``children`` and ``present`` ``[G, N + 1, W]``; ``steps`` over ``[G·(N + 1)]`` parent slots; ``p_laws``
     ``[G, N + 1, V]``; ``tokens`` ``[G, N]``; ``u_accept`` ``[G, D + 1, ≥ W]``, ``u_fallback`` ``[G, D + 1]``."""
@@ -335,7 +335,7 @@ def present_rows(children: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
 
 def reach_rows(accept: torch.Tensor, parents: torch.Tensor, sibling: torch.Tensor, depths: torch.Tensor,
                valid: torch.Tensor, depth: int) -> torch.Tensor:
-    """``reach(v)`` ``[G, N]``: ``reach(parent)·Π_{i<j}(1 − a_i)·a_j`` (``tree_walk.reach_probabilities``);
+    """``reach(v)`` ``[G, N]``: ``reach(parent)·Π_{i<j}(1 − a_i)·a_j`` (``reference.tree_walk.reach_probabilities``);
     ``accept`` ``[G, N + 1, W]``, the rest ``[G, N]``."""
     survive = torch.cumprod(torch.nn.functional.pad(1.0 - accept, (1, 0), value=1.0), dim=-1)[..., :-1]
     slot = (parents + 1).clamp(min=0)

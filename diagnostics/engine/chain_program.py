@@ -2,8 +2,8 @@
 
 ``generate_batch`` runs chains (plain decoding, a draft model, the target's early exit, prompt lookup)
 through ``RoundProgram`` and trees through ``tree_program.TreeProgram``; draft heads, custom drafters
-and models without a batched forward go through the per-row programs (``chain.chain_row``,
-``tree.tree_row``), which also stay as both programs' test oracle. A round of the ``B`` active rows:
+and models without a batched forward go through the per-row programs (``reference.chain.chain_row``,
+``reference.tree.tree_row``), which also stay as both programs' test oracle. A round of the ``B`` active rows:
 
 1. **Uniforms** ``U[B, γ+1, 3]`` keyed by each row's ``(seed, position + j, slot)``, from the host in
    one call (``rng.round_uniform_array``) and copied to the device once.
@@ -12,7 +12,7 @@ and models without a batched forward go through the per-row programs (``chain.ch
    stepping; ``limit`` masks what it drafted after, so the loop has no data-dependent exit.
 3. **Verification**: one target forward over every row's pending token and ``γ`` drafts (for the
    early exit, the upper layers over the hidden states kept while drafting), then one
-   ``verify_rows.verify_group`` per group of rows sharing a rule and policies.
+   ``chain_verify.verify_group`` per group of rows sharing a rule and policies.
 4. **One host copy**: every group's packed decisions and record columns in one buffer; the host
    extends each row's tokens, builds its records and rolls its caches back.
 
@@ -36,7 +36,7 @@ from diagnostics.engine.admission import Admission
 from diagnostics.engine.drafting import NgramDrafter, fit_vocabulary
 from diagnostics.engine.forward import Block, BlockOutput
 from diagnostics.engine.records import PositionRecord, Run, finish
-from diagnostics.engine.verify_rows import ACCEPT, DRAFT, FALLBACK, Columns, draw_rows, row_chunks, verify_group
+from diagnostics.engine.chain_verify import ACCEPT, DRAFT, FALLBACK, Columns, draw_rows, row_chunks, verify_group
 from diagnostics.policy import probabilities
 from diagnostics.rng import round_uniform_array
 from diagnostics.rules.single import laws_from_engine

@@ -21,7 +21,7 @@ from diagnostics.rules import get_rule, get_tree_rule
 from diagnostics.tiny import tiny_llama
 from diagnostics.engine.tree_attention import TokenTree
 from diagnostics.engine.tree_draft import DraftTree, TreeSpecError, parse_tree, spec_from_text
-from diagnostics.engine.tree_walk import all_node_steps, node_steps, walk
+from diagnostics.engine.reference.tree_walk import all_node_steps, node_steps, walk
 
 PROMPT = [1, 5, 2, 7, 1, 5, 2, 8]
 VOCAB = 12

@@ -1,6 +1,6 @@
 """The tree loop: draft a tree, verify every node in one target forward, walk it, keep the path.
 
-One round (``diagnostics.engine.tree_draft``, ``diagnostics.engine.tree_walk``):
+One round (``diagnostics.engine.tree_draft``, ``diagnostics.engine.reference.tree_walk``):
 
 1. the drafter grows a tree below the last committed token;
 2. the target scores the root and every node in one forward under a tree attention mask
@@ -14,7 +14,7 @@ Records: one ``PositionRecord`` per emitted position with the exact law of the n
 at (``TreeRule.induced``, or ``p`` for lossless), one ``NodeRecord`` per drafted node (parent,
 depth, sibling, ``q`` and ``p`` of its token, ``a``, the coin, the decision, the exact
 probability the walk accepts it), and one ``RoundRecord`` per round with the exact expected
-number of tokens beside the number emitted. ``tree_row`` yields its forwards like ``chain.chain_row``.
+number of tokens beside the number emitted. ``tree_row`` yields its forwards like ``reference.chain.chain_row``.
 """
 
 from __future__ import annotations
@@ -32,11 +32,11 @@ from diagnostics.metrics import entropy, kl_divergence, overshoot_mass, total_va
 from diagnostics.rng import uniform_scalar
 from diagnostics.rules import Rule
 from diagnostics.engine.tree_draft import DraftTree, TreeSpec
-from diagnostics.engine.tree_walk import Decision, NodeSteps, Walk, expected_tokens, reach_probabilities, walk
+from diagnostics.engine.reference.tree_walk import Decision, NodeSteps, Walk, expected_tokens, reach_probabilities, walk
 
 
 def tree_row(row: Any, drafter: Any, scorer: Any, spec: TreeSpec, vocab: int, tokenizer: Any, seams: EngineSeams):
-    """Generate one row (``batch.RowPlan``) with tree rounds; a generator like ``chain.chain_row``."""
+    """Generate one row (``batch.RowPlan``) with tree rounds; a generator like ``reference.chain.chain_row``."""
     rule, seed, eos = row.rule, row.seed, row.eos
     run = Run(tokens=[], records=[], prompt_ids=row.prompt, rule=rule.spec, draft=drafter.name, gamma=0, seed=seed,
               policy=row.policy, draft_policy=row.draft_policy, tree=spec)
