@@ -45,14 +45,6 @@ class StepView:
     allowed_mass: float | None
 
 
-def _lenience_factor(rule: Rule) -> float | None:
-    if rule.name == "lenience":
-        return float(rule.l)
-    if rule.name == "mentored":
-        return float(rule.alpha)
-    return None
-
-
 def explain_step(rule: Rule, p: torch.Tensor, q: torch.Tensor, labels: list[str] | None = None) -> StepView:
     """Compute ``a``, ``f``, ``P``, the baseline, ``A``, ``p/l`` and the scalar metrics for one position.
 
@@ -66,7 +58,7 @@ def explain_step(rule: Rule, p: torch.Tensor, q: torch.Tensor, labels: list[str]
     induced = rule.induced(p_target, q_draft)
     baseline = rule.baseline(p_target)
     allowed = rule.allowed_set(p_target)
-    lenience = _lenience_factor(rule)
+    lenience = rule.ceiling_factor
     return StepView(
         spec=rule.spec,
         labels=labels or [str(index) for index in range(p_target.numel())],

@@ -135,14 +135,37 @@ def matched_baseline(request: RunRequest) -> RunRequest | None:
     target policy (``cascade:m`` → min-p ``m``, ``typical:η`` → eta ``η``, ``medusa:ε,δ`` → the
     Medusa gate ``ε, δ``) with the draft policy left as it was, so the same drafts (the same
     tree) are verified and only the verification differs. ``None`` for a rule whose baseline is
-    the lossless run itself (``p``)."""
+    the lossless run itself (``p``).
+
+    The rule's gate acts on the target's law after the user's whole policy, so it is folded into the
+    policy only where that is exact: min-p ``m`` over a min-p ``m₀`` keeps ``p ≥ max(m, m₀)·max p`` (one
+    min-p), and only when no eta stage follows it; eta and the Medusa gate only where the policy has none
+    yet (eta of an eta-truncated law is not one eta). Any other mix raises ``EngineError`` rather than
+    silently measuring against a looser or stricter baseline than the rule's."""
     rule = get_rule(request.rule)
-    truncations = {"cascade": {"min_p": getattr(rule, "m", None)}, "typical": {"eta": getattr(rule, "eta", None)},
-                   "medusa": {"medusa_eps": getattr(rule, "eps", None), "medusa_delta": getattr(rule, "delta", None)}}
-    truncation = truncations.get(rule.name)
-    if truncation is None or any(value is None for value in truncation.values()):
+    policy = request.policy
+    if rule.name == "cascade":
+        if policy.eta is not None or policy.medusa_eps is not None:
+            raise _unfoldable(request.rule, "its gate acts after the policy's eta, which a min-p cannot express")
+        folded = {"min_p": max(float(rule.m), float(policy.min_p or 0.0))}
+    elif rule.name == "typical":
+        if policy.eta is not None or policy.medusa_eps is not None:
+            raise _unfoldable(request.rule, f"the policy already sets eta {policy.eta:g}" if policy.eta is not None
+                              else "the policy already sets a Medusa gate")
+        folded = {"eta": float(rule.eta)}
+    elif rule.name == "medusa":
+        if policy.medusa_eps is not None:
+            raise _unfoldable(request.rule, "the policy already sets a Medusa gate")
+        folded = {"medusa_eps": float(rule.eps), "medusa_delta": float(rule.delta)}
+    else:
         return None
-    policy = replace(request.policy, **{name: float(value) for name, value in truncation.items()})
-    return replace(request, rule="lossless", policy=policy, draft_policy=request.draft_policy or request.policy)
+    return replace(request, rule="lossless", policy=replace(policy, **folded),
+                   draft_policy=request.draft_policy or request.policy)
+
+
+def _unfoldable(rule: str, why: str) -> EngineError:
+    return EngineError(f"{rule} has no matched baseline run under this target policy: {why}; drop that "
+                       f"truncation from the target policy")
+
 
 __all__ = ["RunRequest", "batch_key", "check_prompt_text", "matched_baseline", "request_from_run"]

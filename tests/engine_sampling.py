@@ -23,6 +23,7 @@ from diagnostics.audit.mutants import BATCH_MUTANTS, TREE_MUTANTS, StaleRollback
 from diagnostics.engine.drafting import TargetScorer
 from diagnostics.engine import CORRECT, generate_batch
 from diagnostics.engine.head_drafting import PLANTED as HEAD_PLANTED
+from diagnostics.gof import gof_tokens, power, required_samples
 from diagnostics.policy import Policy, probabilities
 from tiny_models import tiny_lm
 
@@ -197,3 +198,35 @@ def exact_window_law(setup: Setup) -> torch.Tensor:
     for sequence, mass in frontier:
         law[sequence[setup.start] * vocab + sequence[setup.start + 1]] += mass
     return law
+
+
+# The end-to-end tests' sizing: a window of two tokens over V tokens has V² − 1 degrees of freedom; the
+# number of generations is the smallest that rejects a TV error of 0.01 at LEVEL with probability POWER.
+LEVEL = 1e-3
+POWER = 0.95
+THREE = (1, 2, 0, 1, 2, 0, 1, 2)  # a prompt over 3 tokens (the heads' vocabulary)
+
+
+def samples_for(setup: Setup, tv: float = 0.01) -> int:
+    """Generations that catch a TV of ``tv`` with probability ``POWER`` in the setup's window (dof ``V² − 1``)."""
+    return required_samples(tv, dof=setup.vocab**2 - 1, level=LEVEL, target_power=POWER)
+
+
+def assert_lossless(label: str, setup: Setup) -> None:
+    """``samples_for(setup)`` seeded generations follow the exact window law (chi-square at ``LEVEL``)."""
+    result = gof_tokens(sample_windows(setup, samples_for(setup), first_seed=0), exact_window_law(setup))
+    assert result.impossible == 0, f"{label}: emitted a window the target forbids"
+    assert result.p_value >= LEVEL, f"{label}: X²={result.statistic:.1f}, dof={result.dof}, p={result.p_value:.2e}"
+
+
+def assert_caught(label: str, setup: Setup) -> None:
+    """A planted bug's generations fail the same test. Its effect is large, so a tenth of the samples
+    that catch a TV of 0.01 already rejects it."""
+    result = gof_tokens(sample_windows(setup, samples_for(setup) // 10, first_seed=0), exact_window_law(setup))
+    assert result.p_value < LEVEL, f"{label} passed: X²={result.statistic:.1f}, p={result.p_value:.2e}"
+
+
+def assert_sizes_catch_one_percent(setups: dict[str, Setup]) -> None:
+    """Every setup's sample size has the stated power against a TV of 0.01."""
+    for setup in setups.values():
+        assert power(samples_for(setup), 0.01, setup.vocab**2 - 1, LEVEL) >= POWER

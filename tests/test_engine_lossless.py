@@ -2,7 +2,7 @@
 
 For each setup, many seeded generations on tiny random models give the joint law of two
 consecutive emitted tokens; the exact law comes from teacher forcing (cache-free forwards on
-every prefix). The χ² test at level ``LEVEL`` uses ``N`` generations, enough to catch any
+every prefix). The χ² test at level ``engine_sampling.LEVEL`` uses ``samples_for(setup)`` generations, enough to catch any
 error of total variation 0.01 with probability ≥ ``POWER`` (dof = V² − 1 = 15, the largest
 a window can have). The generations are rows of batches, mixed with rows of other prompt
 lengths, rules, policies and seeds (``engine_sampling``). A planted off-by-one in the KV-cache
@@ -12,19 +12,11 @@ rollback, and rows of a batch leaking into each other, must fail the same test.
 from __future__ import annotations
 
 import pytest
-from engine_sampling import Setup, exact_window_law, sample_windows
+from engine_sampling import THREE, Setup, assert_caught, assert_lossless, assert_sizes_catch_one_percent
 
-from diagnostics.gof import gof_tokens, power, required_samples
 
 # Slow tier: end-to-end losslessness statistics (about 10^5 generations a setup) and their planted bugs
 pytestmark = pytest.mark.slow
-
-VOCAB = 4
-LEVEL = 1e-3
-POWER = 0.95
-N = required_samples(0.01, dof=VOCAB**2 - 1, level=LEVEL, target_power=POWER)
-
-THREE = (1, 2, 0, 1, 2, 0, 1, 2)  # a prompt over 3 tokens
 
 SETUPS = {
     "model drafter, gamma 1, no truncation": Setup(draft="model", gamma=1, start=0),
@@ -42,44 +34,31 @@ SETUPS = {
 }
 
 
-def samples_for(setup: Setup) -> int:
-    """Generations that catch a TV of 0.01 with probability ``POWER`` in this setup's window (dof ``V² − 1``)."""
-    return required_samples(0.01, dof=setup.vocab**2 - 1, level=LEVEL, target_power=POWER)
-
-
 def test_sample_size_catches_one_percent() -> None:
-    assert power(N, 0.01, VOCAB**2 - 1, LEVEL) >= POWER
-    for setup in SETUPS.values():
-        assert power(samples_for(setup), 0.01, setup.vocab**2 - 1, LEVEL) >= POWER
+    assert_sizes_catch_one_percent(SETUPS)
 
 
 @pytest.mark.parametrize("label", list(SETUPS))
 def test_engine_is_lossless(label: str) -> None:
-    setup = SETUPS[label]
-    law = exact_window_law(setup)
-    result = gof_tokens(sample_windows(setup, samples_for(setup), first_seed=0), law)
-    assert result.impossible == 0, f"{label}: emitted a window the target forbids"
-    assert result.p_value >= LEVEL, f"{label}: X²={result.statistic:.1f}, dof={result.dof}, p={result.p_value:.2e}"
+    assert_lossless(label, SETUPS[label])
 
 
 @pytest.mark.parametrize("planted", ["row_gets_neighbours_p", "row_cache_swapped"])
 def test_planted_row_leak_fails(planted: str) -> None:
     """Rows of a batch leaking into each other (a row verified with its neighbour's p; a slot table
     out of step, so a row reads another row's cache) must fail the same test; their effect is large,
-    so a tenth of ``N`` rejects them."""
+    so a tenth of the samples rejects them."""
     setup = Setup(draft="model", gamma=3, start=1, planted=planted)
-    result = gof_tokens(sample_windows(setup, N // 10, first_seed=0), exact_window_law(setup))
-    assert result.p_value < LEVEL, f"{planted} passed: X²={result.statistic:.1f}, p={result.p_value:.2e}"
+    assert_caught(planted, setup)
 
 
 def test_planted_rollback_off_by_one_fails() -> None:
     """Keeping the refused draft's keys and values in the target cache must be caught.
 
-    The bug moves the window's law by TV ≈ 0.6, so a tenth of ``N`` already rejects at any
+    The bug moves the window's law by TV ≈ 0.6, so a tenth of the samples already rejects at any
     reasonable level; more samples would only reject harder.
     """
     # Without distractor rows: on a longer row the bug also crashes (a bonus row it never scored),
     # which would end the batch; the law of the tested rows is what must fail here.
     setup = Setup(draft="model", gamma=3, start=1, planted="rollback", distractors=False)
-    result = gof_tokens(sample_windows(setup, N // 10, first_seed=0), exact_window_law(setup))
-    assert result.p_value < LEVEL
+    assert_caught("rollback", setup)

@@ -3,7 +3,7 @@
 Each setup is one children mode on a tree shape (full shapes, one three levels deep, and a sparse
 one listed as Medusa's ``medusa_choices``); many seeded
 generations on tiny models give the joint law of two consecutive emitted tokens, which must equal
-the target's exact law by teacher forcing (χ² at level ``LEVEL`` with ``N`` generations: power
+the target's exact law by teacher forcing (χ² at level ``engine_sampling.LEVEL`` with ``samples_for(setup)`` generations: power
 ``≥ POWER`` against a total-variation error of 0.01, dof 15). The window (tokens 1 and 2) spans
 the first round's descent and, whenever that round emits fewer than three tokens, the second
 round, so the KV compaction between rounds is inside the test.
@@ -12,25 +12,17 @@ The generations are rows of batches mixed with rows of other prompt lengths, rul
 seeds (``engine_sampling``). Each planted tree bug must fail the same test, and so must rows of a
 batch leaking into each other (a neighbour's p; a slot table out of step): a refused sibling not zeroed before the next is
 tried, ``position_ids`` counted along the flattened tree, KV compaction that keeps a refused
-sibling's row. Their effects are large (TV ≥ 0.03), so a tenth of ``N`` rejects them.
+sibling's row. Their effects are large (TV ≥ 0.03), so a tenth of the samples rejects them.
 """
 
 from __future__ import annotations
 
 import pytest
-from engine_sampling import Setup, exact_window_law, sample_windows
+from engine_sampling import THREE, Setup, assert_caught, assert_lossless, assert_sizes_catch_one_percent
 
-from diagnostics.gof import gof_tokens, power, required_samples
 
 # Slow tier: end-to-end losslessness statistics of the tree engine (about 10^5 generations a setup) and their planted bugs
 pytestmark = pytest.mark.slow
-
-VOCAB = 4
-LEVEL = 1e-3
-POWER = 0.95
-N = required_samples(0.01, dof=VOCAB**2 - 1, level=LEVEL, target_power=POWER)
-
-THREE = (1, 2, 0, 1, 2, 0, 1, 2)  # a prompt over 3 tokens
 
 SETUPS = {
     "top-k children, tree 2,2,1, top-k 3 at T 0.9": Setup(draft="model", gamma=0, start=1, tree=(2, 2, 1), children="top",
@@ -56,27 +48,15 @@ PLANTED = {
 }
 
 
-def samples_for(setup: Setup) -> int:
-    """Windows that catch a TV of 0.01 with probability ``POWER`` (dof ``V² − 1`` of the setup's vocabulary)."""
-    return required_samples(0.01, dof=setup.vocab**2 - 1, level=LEVEL, target_power=POWER)
-
-
 def test_sample_size_catches_one_percent() -> None:
-    assert power(N, 0.01, VOCAB**2 - 1, LEVEL) >= POWER
-    for setup in SETUPS.values():
-        assert power(samples_for(setup), 0.01, setup.vocab**2 - 1, LEVEL) >= POWER
+    assert_sizes_catch_one_percent(SETUPS)
 
 
 @pytest.mark.parametrize("label", list(SETUPS))
 def test_tree_engine_is_lossless(label: str) -> None:
-    setup = SETUPS[label]
-    result = gof_tokens(sample_windows(setup, samples_for(setup), first_seed=0), exact_window_law(setup))
-    assert result.impossible == 0, f"{label}: emitted a window the target forbids"
-    assert result.p_value >= LEVEL, f"{label}: X²={result.statistic:.1f}, dof={result.dof}, p={result.p_value:.2e}"
+    assert_lossless(label, SETUPS[label])
 
 
 @pytest.mark.parametrize("name", list(PLANTED))
 def test_planted_tree_bug_fails(name: str) -> None:
-    setup = PLANTED[name]
-    result = gof_tokens(sample_windows(setup, N // 10, first_seed=0), exact_window_law(setup))
-    assert result.p_value < LEVEL, f"{name} passed: X²={result.statistic:.1f}, p={result.p_value:.2e}"
+    assert_caught(name, PLANTED[name])

@@ -23,7 +23,7 @@ from diagnostics.engine.chain_verify import at_index
 from diagnostics.policy import Policy, probabilities
 from diagnostics.rng import sample_inverse_cdf
 from diagnostics.rules import Rule, normalise_or
-from diagnostics.rules.single import coin_draws
+from diagnostics.rules.base import coin_draws
 from diagnostics.engine.tree_attention import tree_inputs
 from diagnostics.engine.tree_verify import unzeroed_steps_rows
 from diagnostics.engine.reference.tree_walk import all_node_steps

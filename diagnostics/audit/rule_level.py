@@ -31,7 +31,8 @@ import torch
 from diagnostics.gof import GofResult, chi_square_gof, counts_of, detectable_tv
 from diagnostics.metrics import total_variation
 from diagnostics.rng import sample_inverse_cdf
-from diagnostics.rules.single import Rule, as_laws, coin_draws, get_rule
+from diagnostics.rules.base import Rule, as_laws, coin_draws
+from diagnostics.rules.specs import get_rule
 from diagnostics.synthetic import dirichlet, keep_top
 
 __all__ = ["PairResult", "RuleAudit", "Verify", "audit_rule", "battery", "holm", "model_pairs", "rule_adapter", "transformers_adapter"]

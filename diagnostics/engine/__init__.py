@@ -20,7 +20,7 @@ laws and compare every token, decision and record; ``tests/test_engine_lossless.
 ``tests/test_reference_tree.py`` checks the reference tree against the chain and teacher forcing.
 Draft heads and custom drafters run through the reference programs only.
 
-Around them: drafting (``drafting``, ``head_drafting``, ``tree_draft``), the target's scoring over a slot
+Around them: drafting (``drafting``, ``head_drafting``, ``tree_draft``, every row's tree at once: ``tree_batch_draft``), the target's scoring over a slot
 store of keys and values (``forward``, ``fast_forward``, ``tree_attention``, ``caches``), early-exit
 self-speculation (``self_speculation``), one position's record (``records.position_record``), the audit's
 seams (``seams``) and the settings checks (``settings``).

@@ -249,12 +249,11 @@ def generate_batch(
     if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
         raise EngineError(f"batch size must be a whole number >= 1, got {batch_size!r}")
     base = Policy(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, eta=eta) if policies is None else None
-    row_policies = _per_row(policies if policies is not None else base, count, "policies")
-    row_drafts = _per_row(draft_policies, count, "draft policies")
-    row_rules = [get_rule(rule) for rule in _per_row(rules, count, "rules")]
-    row_seeds = _per_row(seeds, count, "seeds")
-    row_budgets = _per_row(max_new_tokens, count, "max-new-tokens")
-    row_stops = _per_row(should_stop, count, "should_stop")
+    per_row = {name: _per_row(value, count, label) for name, value, label in (
+        ("policy", policies if policies is not None else base, "policies"), ("draft_policy", draft_policies, "draft policies"),
+        ("rule", rules, "rules"), ("seed", seeds, "seeds"), ("budget", max_new_tokens, "max-new-tokens"),
+        ("stop", should_stop, "should_stop"))}
+    per_row["rule"] = [get_rule(rule) for rule in per_row["rule"]]
     spec = tree if isinstance(tree, TreeSpec) else tree_spec_or_error(tree, tree_budget, tree_depth, tree_children)
     if spec is not None:
         gamma = spec.max_depth
@@ -262,31 +261,10 @@ def generate_batch(
     if draft_stop is not None and spec is not None:
         raise EngineError("--draft-stop ends a chain of drafts early; use it without a tree, with a model or early-exit drafter")
     eos = eos_ids(loaded, eos_token_id)
-    plans = []
-    for index in range(count):
-        prompt = _prompt_ids(prompts[index])
-        if spec is not None:
-            check_tree_settings(spec, row_rules[index], draft)
-        check_settings(loaded, prompt, gamma, row_budgets[index], row_seeds[index], top_k_record)
-        policy = row_policies[index]
-        plans.append(RowPlan(
-            prompt=prompt, rule=row_rules[index], seed=int(row_seeds[index]), policy=policy,
-            draft_policy=row_drafts[index] or policy, max_new_tokens=int(row_budgets[index]), eos=eos, record=record,
-            top_k_record=top_k_record, should_stop=row_stops[index],
-            on_record=None if on_record is None else (lambda rec, _i=index: on_record(_i, rec)),
-            on_round=None if on_round is None else (lambda rnd, nodes, _i=index: on_round(_i, rnd, nodes)),
-        ))
-    source = _draft_source(draft, loaded)
-    if source.kind == "head" and source.head.kind == "medusa":
-        heads = source.head.module.config.medusa_num_heads
-        if gamma > heads:  # for a tree, gamma is its depth
-            what = "a tree of depth" if spec is not None else "--gamma"
-            raise EngineError(f"these Medusa heads draft at most {heads} tokens deep (one per head): "
-                              f"give {what} {heads} or less, not {gamma}")
-    if source.kind == "object" and count > 1:
-        raise EngineError("a drafter object keeps one sequence's state; give a draft spec or model to batch")
-    if spec is not None and source.kind == "object" and not hasattr(source.custom, "propose_tree"):
-        raise EngineError(f"the drafter {source.name!r} cannot draft trees; use early-exit:L, model:ID or ngram:N")
+    plans = [_row_plan(loaded, prompts[index], {name: values[index] for name, values in per_row.items()}, index, spec,
+                       gamma, draft, eos, record, top_k_record, on_record, on_round)
+             for index in range(count)]
+    source = _checked_source(draft, loaded, gamma, spec, count)
     rows = min(batch_size or count, count)
     capacity = max(len(plan.prompt) + plan.max_new_tokens for plan in plans) + gamma + (spec.max_nodes if spec else 0) + 2
     pair = _Pair(loaded, source, seams, spec is not None, reuse_layers, rows, capacity, draft_stop)
@@ -298,6 +276,41 @@ def generate_batch(
         where = device_label(loaded, source.loaded or source.head)
         return RoundProgram(pair, plans, rows, gamma, loaded, where).run(stop_all, on_start, on_finish)
     return _drive(pair, plans, rows, gamma, spec, loaded, stop_all, on_start, on_finish)
+
+
+def _row_plan(loaded: LoadedModel, prompt: Any, row: dict[str, Any], index: int, spec: TreeSpec | None, gamma: int,
+              draft: Any, eos: set[int], record: bool, top_k_record: int,
+              on_record: Callable[[int, PositionRecord], None] | None,
+              on_round: Callable[[int, Any, list[Any]], None] | None) -> RowPlan:
+    """Row ``index``'s plan from its own values (``row``: policy, draft policy, rule, seed, budget, stop),
+    checked before any model work (``EngineError``)."""
+    prompt_ids, rule = _prompt_ids(prompt), row["rule"]
+    if spec is not None:
+        check_tree_settings(spec, rule, draft)
+    check_settings(loaded, prompt_ids, gamma, row["budget"], row["seed"], top_k_record)
+    policy = row["policy"]
+    return RowPlan(
+        prompt=prompt_ids, rule=rule, seed=int(row["seed"]), policy=policy, draft_policy=row["draft_policy"] or policy,
+        max_new_tokens=int(row["budget"]), eos=eos, record=record, top_k_record=top_k_record, should_stop=row["stop"],
+        on_record=None if on_record is None else (lambda rec, _i=index: on_record(_i, rec)),
+        on_round=None if on_round is None else (lambda rnd, nodes, _i=index: on_round(_i, rnd, nodes)),
+    )
+
+
+def _checked_source(draft: Any, loaded: LoadedModel, gamma: int, spec: TreeSpec | None, count: int) -> Any:
+    """The batch's draft source, refused in one line where it cannot serve these settings."""
+    source = _draft_source(draft, loaded)
+    if source.kind == "head" and source.head.kind == "medusa":
+        heads = source.head.module.config.medusa_num_heads
+        if gamma > heads:  # for a tree, gamma is its depth
+            what = "a tree of depth" if spec is not None else "--gamma"
+            raise EngineError(f"these Medusa heads draft at most {heads} tokens deep (one per head): "
+                              f"give {what} {heads} or less, not {gamma}")
+    if source.kind == "object" and count > 1:
+        raise EngineError("a drafter object keeps one sequence's state; give a draft spec or model to batch")
+    if spec is not None and source.kind == "object" and not hasattr(source.custom, "propose_tree"):
+        raise EngineError(f"the drafter {source.name!r} cannot draft trees; use early-exit:L, model:ID or ngram:N")
+    return source
 
 
 def _drive(pair: _Pair, plans: list[RowPlan], limit: int, gamma: int, spec: TreeSpec | None, loaded: LoadedModel,

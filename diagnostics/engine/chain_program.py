@@ -35,11 +35,12 @@ import torch
 from diagnostics.engine.admission import Admission
 from diagnostics.engine.drafting import NgramDrafter, fit_vocabulary
 from diagnostics.engine.forward import Block, BlockOutput
-from diagnostics.engine.records import PositionRecord, Run, finish
-from diagnostics.engine.chain_verify import ACCEPT, DRAFT, FALLBACK, Columns, draw_rows, row_chunks, verify_group
+from diagnostics.engine.records import PositionRecord, Run, finish, position_record
+from diagnostics.engine.chain_verify import (ACCEPT, DRAFT, EVERY_SLOT, FALLBACK, VERIFIED, Columns, draw_rows, row_chunks,
+                                             verify_group)
 from diagnostics.policy import probabilities
 from diagnostics.rng import round_uniform_array
-from diagnostics.rules.single import laws_from_engine
+from diagnostics.rules.base import laws_from_engine
 
 
 def supports_program(pair: Any, tree: bool) -> bool:
@@ -322,9 +323,8 @@ class RoundProgram:
     def _commit(self, row: _Row, values: np.ndarray, host_u: np.ndarray, position: int, columns: Columns,
                 has_allowed: bool) -> None:
         """The host's part of a row's round: tokens, counters, records and cache lengths."""
-        gamma, run, plan = self.gamma, row.run, row.plan
-        accepted, limit, emit, token = (int(value) for value in values[:4])
-        drafts = [int(value) for value in values[4 : 4 + gamma]]
+        run, plan = row.run, row.plan
+        accepted, limit, emit, token, drafts = columns.header(values)
         emitted = drafts[:accepted] + ([token] if emit else [])
         kinds = ["accepted"] * accepted + ([("rejected" if accepted < limit else "bonus")] if emit else [])
         if plan.record:
@@ -350,33 +350,19 @@ class RoundProgram:
 
     def _record(self, row: _Row, values: np.ndarray, u: np.ndarray, position: int, slot: int, kind: str, token: int,
                 drafts: list[int], columns: Columns, has_allowed: bool) -> PositionRecord:
-        every = {name: float(values[columns.every(name)][slot]) for name in
-                 ("p_token", "entropy_p", "tv_target", "tv_baseline", "kl_target", "p_tail")}
-        p_ids, p_probs = (values[part] for part in columns.p_top(slot))
-        shared = dict(position=position + slot, block=row.run.blocks, index_in_block=slot, kind=kind, token=token,
-                      p_token=every["p_token"], entropy_p=every["entropy_p"], tv_target=every["tv_target"],
-                      tv_baseline=every["tv_baseline"], kl_target=every["kl_target"],
-                      p_top_ids=[int(value) for value in p_ids], p_top_probs=[float(value) for value in p_probs],
-                      p_tail=every["p_tail"], token_text=self.texts(token))
-        if kind == "bonus":
-            return PositionRecord(draft_token=None, p_draft=None, q_draft=None, accept_prob=None, u_draft=None,
-                                  u_accept=None, u_fallback=float(u[FALLBACK]), **shared)
-        verified = {name: float(values[columns.verified(name)][slot]) for name in
-                    ("p_draft", "q_draft", "accept_prob", "alpha", "tv_pq", "entropy_q", "overshoot", "severe_overshoot",
-                     "allowed_size", "allowed_mass", "q_tail")}
-        rule = row.plan.rule
-        lenience = getattr(rule, "l", None) or (getattr(rule, "alpha", None) if rule.name == "mentored" else None)
-        q_ids, q_probs = (values[part] for part in columns.q_top(slot))
-        return PositionRecord(
-            draft_token=drafts[slot], p_draft=verified["p_draft"], q_draft=verified["q_draft"],
-            accept_prob=verified["accept_prob"], u_draft=float(u[DRAFT]), u_accept=float(u[ACCEPT]),
-            u_fallback=float(u[FALLBACK]) if kind == "rejected" else None,
-            alpha=verified["alpha"], tv_pq=verified["tv_pq"], entropy_q=verified["entropy_q"],
-            overshoot=verified["overshoot"], severe_overshoot=verified["severe_overshoot"] if lenience else None,
-            allowed_size=int(verified["allowed_size"]) if has_allowed else None,
-            allowed_mass=verified["allowed_mass"] if has_allowed else None,
-            q_top_ids=[int(value) for value in q_ids], q_top_probs=[float(value) for value in q_probs],
-            q_tail=verified["q_tail"], draft_text=self.texts(drafts[slot]), **shared)
+        """The record of ``slot`` read from the row's host buffer (``Columns``)."""
+        fields = {name: values[columns.every(name)][slot] for name in EVERY_SLOT}
+        fields["p_top_ids"], fields["p_top_probs"] = (values[part] for part in columns.p_top(slot))
+        fields["u_fallback"] = u[FALLBACK]
+        if kind != "bonus":
+            fields.update({name: values[columns.verified(name)][slot] for name in VERIFIED})
+            fields["q_top_ids"], fields["q_top_probs"] = (values[part] for part in columns.q_top(slot))
+            fields.update(draft_token=drafts[slot], u_draft=u[DRAFT], u_accept=u[ACCEPT])
+            if row.plan.rule.ceiling_factor is None:
+                fields["severe_overshoot"] = None
+            if not has_allowed:
+                fields["allowed_size"] = fields["allowed_mass"] = None
+        return position_record(kind, position + slot, row.run.blocks, slot, token, fields, self.texts)
 
     # -- the whole batch ----------------------------------------------------------------------
 

@@ -20,6 +20,9 @@ program copies all groups' buffers to the host at once. The exact per-row progra
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
 
 import torch
 
@@ -35,6 +38,18 @@ VERIFIED = ("p_draft", "q_draft", "accept_prob", "alpha", "tv_pq", "entropy_q", 
 EVERY_SLOT = ("p_token", "entropy_p", "tv_target", "tv_baseline", "kl_target", "p_tail")
 
 
+class Header(NamedTuple):
+    """A row's decisions, the head of its buffer (in this order): ``accepted`` drafts ``n``, the drafts that
+    counted (``limit``), whether a token was emitted after them (``emit``), that ``token``, then the
+    ``drafts`` themselves."""
+
+    accepted: int
+    limit: int
+    emit: bool
+    token: int
+    drafts: list[int]
+
+
 @dataclass(frozen=True)
 class Columns:
     """Where each value of a row sits in the packed buffer of a round with ``gamma`` drafts and ``top_k``
@@ -47,7 +62,12 @@ class Columns:
 
     @property
     def decisions(self) -> int:
-        return 4 + self.gamma
+        return len(Header._fields) - 1 + self.gamma
+
+    def header(self, values: np.ndarray) -> Header:
+        """A row's ``Header`` read from its host buffer."""
+        accepted, limit, emit, token = (int(value) for value in values[:4])
+        return Header(accepted, limit, bool(emit), token, [int(value) for value in values[4 : 4 + self.gamma]])
 
     def verified(self, name: str) -> slice:
         start = self.decisions + VERIFIED.index(name) * self.gamma
@@ -166,6 +186,7 @@ def verify_group(
     emit = rejected | ((limit < budget) & ~eos_last)
     law = torch.where(rejected[:, None], fallback, bonus) if gamma else bonus
     token = draw_rows(law, u[:, :, FALLBACK].gather(-1, n[:, None]).squeeze(-1))
+    # The row's ``Header``, in its order.
     parts = [torch.stack([n, limit, emit.to(torch.int64), token], dim=-1).to(torch.float64), drafts.to(torch.float64)]
     if not columns.record:
         return torch.cat(parts, dim=-1)
@@ -183,7 +204,7 @@ def verify_group(
         at_limit = slot[None, :] == limit[:, None]
         for name, value in _distances(rule, rule.induced(p_verified, q_laws), p_verified).items():
             distances[name] = torch.where(at_limit, distances[name], torch.nn.functional.pad(value, (0, 1)))
-        lenience = getattr(rule, "l", None) or (getattr(rule, "alpha", None) if rule.name == "mentored" else None)
+        lenience = rule.ceiling_factor
         allowed = rule.allowed_set(p_verified)
         zero = torch.zeros(rows, gamma, dtype=torch.float64, device=device)
         overshoot = overshoot_mass(p_verified, q_laws)

@@ -6,7 +6,7 @@ store, pages and audits read them; nothing here touches a model.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -173,6 +173,52 @@ class RoundRecord:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+# The fields that describe a drafted token; a bonus position had none.
+DRAFT_FIELDS = ("draft_token", "p_draft", "q_draft", "accept_prob", "u_draft", "u_accept", "alpha", "tv_pq",
+                "entropy_q", "overshoot", "severe_overshoot", "q_top_ids", "q_top_probs", "q_tail")
+_INTEGERS = ("draft_token", "allowed_size")
+_ID_LISTS = ("p_top_ids", "q_top_ids")
+_PROB_LISTS = ("p_top_probs", "q_top_probs")
+
+
+def position_record(kind: str, position: int, block: int, index: int, token: int, values: Mapping[str, Any],
+                    text: Callable[[int], str | None], tree_node: int | None = None) -> PositionRecord:
+    """The record of one emitted position: the one builder every program uses (the reference chain and tree
+    from their tensors, the tensor core from its host buffer), so the four cannot drift apart.
+
+    ``values``: ``PositionRecord`` fields by name, as numbers of any kind; a field absent or ``None`` stays
+    ``None``. Made uniform here: Python ``int``/``float``; a ``NaN`` draft uniform (a top-``k`` choice is not
+    drawn) is ``None``; a ``bonus`` keeps no draft field; ``u_fallback`` only where a fallback or bonus draw
+    used it (``rejected``, ``bonus``); ``token_text`` and ``draft_text`` decoded by ``text``."""
+    fields: dict[str, Any] = {}
+    for name, value in values.items():
+        if value is None or (kind == "bonus" and name in DRAFT_FIELDS):
+            continue
+        if name in _ID_LISTS:
+            value = [int(v) for v in value]
+        elif name in _PROB_LISTS:
+            value = [float(v) for v in value]
+        elif name in _INTEGERS:
+            value = int(value)
+        else:
+            value = float(value)
+            if name == "u_draft" and value != value:
+                continue
+        fields[name] = value
+    if kind == "accepted":
+        fields.pop("u_fallback", None)
+    draft_token = fields.get("draft_token")
+    return PositionRecord(
+        position=position, block=block, index_in_block=index, kind=kind, token=int(token),
+        draft_token=draft_token, p_token=fields.pop("p_token"), p_draft=fields.pop("p_draft", None),
+        q_draft=fields.pop("q_draft", None), accept_prob=fields.pop("accept_prob", None),
+        u_draft=fields.pop("u_draft", None), u_accept=fields.pop("u_accept", None),
+        u_fallback=fields.pop("u_fallback", None), token_text=text(int(token)),
+        draft_text=None if draft_token is None else text(draft_token), tree_node=tree_node,
+        **{name: value for name, value in fields.items() if name != "draft_token"},
+    )
 
 
 def top_entries(law: torch.Tensor, k: int) -> tuple[list[int], list[float], float]:

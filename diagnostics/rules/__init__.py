@@ -1,12 +1,12 @@
-"""Verification rules: single-draft rules in ``single``, tree and multi-draft forms in ``tree``.
+"""Verification rules: the contract and law helpers in ``base``, the single-draft rules in ``single``, their
+specs (``get_rule``) in ``specs``, tree and multi-draft forms in ``tree``.
 
 ``from diagnostics.rules import get_rule, get_tree_rule`` is the stable entry point.
 """
 
+from diagnostics.rules.base import Rule, RuleError, as_law, as_laws, induced_by_mechanism, normalise_or, safe_ratio
+from diagnostics.rules.specs import EXAMPLE_SPECS, RULES, TREE_RULES, get_rule, split_specs
 from diagnostics.rules.single import (
-    EXAMPLE_SPECS,
-    RULES,
-    TREE_RULES,
     Cascade,
     CoS,
     Greedy,
@@ -14,17 +14,8 @@ from diagnostics.rules.single import (
     Lossless,
     Medusa,
     Mentored,
-    Rule,
-    RuleError,
     Typical,
     eta_threshold,
-    as_law,
-    as_laws,
-    get_rule,
-    induced_by_mechanism,
-    normalise_or,
-    safe_ratio,
-    split_specs,
 )
 from diagnostics.rules.tree import SampledMultiDraft, TreeRule, get_tree_rule, top_candidates
 

@@ -15,17 +15,8 @@ from typing import ClassVar
 import torch
 
 from diagnostics.rng import sample_inverse_cdf
-from diagnostics.rules.single import (
-    TREE_RULES,
-    Rule,
-    RuleError,
-    as_law,
-    as_laws,
-    coin_draws,
-    get_rule,
-    normalise_or,
-    safe_ratio,
-)
+from diagnostics.rules.base import Rule, RuleError, as_law, as_laws, coin_draws, normalise_or, safe_ratio
+from diagnostics.rules.specs import TREE_RULES, get_rule
 
 # --------------------------------------------------------------------------------------------
 # Tree verification with ordered deterministic candidates (EAGLE-style)

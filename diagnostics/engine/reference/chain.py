@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from diagnostics.engine.drafting import fit_vocabulary
-from diagnostics.engine.records import PositionRecord, Run, decode_one, finish, rounds, top_entries
+from diagnostics.engine.records import PositionRecord, Run, decode_one, finish, position_record, rounds, top_entries
 from diagnostics.engine.seams import fallback_law
 from diagnostics.metrics import entropy, kl_divergence, overshoot_mass, severe_overshoot_mass, total_variation
 from diagnostics.rng import sample_token, uniform_scalar
@@ -141,12 +141,16 @@ def _block_records(
     """Records of one block, with the exact full-vocabulary scalars computed in one batch."""
     verified = sum(1 for kind in kinds if kind != "bonus")
     records: list[PositionRecord] = []
+
+    def text(token: int) -> str | None:
+        return decode_one(tokenizer, token)
+
     if verified:
         p_rows, q_rows = p_laws[:verified], q_laws[:verified]
         induced = rule.induced(p_rows, q_rows)
         baseline = rule.baseline(p_rows)
         allowed = rule.allowed_set(p_rows)
-        lenience = getattr(rule, "l", None) or (getattr(rule, "alpha", None) if rule.name == "mentored" else None)
+        lenience = rule.ceiling_factor
         scalars = {
             "alpha": (q_rows * accept_rows[:verified]).sum(-1),
             "tv_pq": total_variation(p_rows, q_rows),
@@ -166,35 +170,23 @@ def _block_records(
             draft_token = drafts[index]
             p_ids, p_probs, p_tail = top_entries(p_rows[index], top_k_record)
             q_ids, q_probs, q_tail = top_entries(q_rows[index], top_k_record)
-            values = {name: tensor[index].item() for name, tensor in scalars.items()}
-            if "allowed_size" in values:
-                values["allowed_size"] = int(values["allowed_size"])
-            records.append(PositionRecord(
-                position=position + index, block=run.blocks, index_in_block=index, kind=kinds[index],
-                token=emitted[index], draft_token=draft_token,
-                p_token=float(p_rows[index, emitted[index]]), p_draft=float(p_rows[index, draft_token]),
-                q_draft=float(q_rows[index, draft_token]), accept_prob=float(accept_rows[index, draft_token]),
-                u_draft=uniform_scalar(seed, position + index, "draft"),
-                u_accept=coins[index][0], u_fallback=coins[index][1],
-                p_top_ids=p_ids, p_top_probs=p_probs, p_tail=p_tail,
-                q_top_ids=q_ids, q_top_probs=q_probs, q_tail=q_tail,
-                token_text=decode_one(tokenizer, emitted[index]), draft_text=decode_one(tokenizer, draft_token),
-                **values,
-            ))
+            values = {name: tensor[index] for name, tensor in scalars.items()}
+            records.append(position_record(kinds[index], position + index, run.blocks, index, emitted[index], {
+                **values, "draft_token": draft_token, "p_token": p_rows[index, emitted[index]],
+                "p_draft": p_rows[index, draft_token], "q_draft": q_rows[index, draft_token],
+                "accept_prob": accept_rows[index, draft_token], "u_draft": uniform_scalar(seed, position + index, "draft"),
+                "u_accept": coins[index][0], "u_fallback": coins[index][1],
+                "p_top_ids": p_ids, "p_top_probs": p_probs, "p_tail": p_tail,
+                "q_top_ids": q_ids, "q_top_probs": q_probs, "q_tail": q_tail,
+            }, text))
     if kinds and kinds[-1] == "bonus":
         index = len(kinds) - 1
         p_row = p_laws[index]
         bonus = rule.bonus(p_row)
         p_ids, p_probs, p_tail = top_entries(p_row, top_k_record)
-        records.append(PositionRecord(
-            position=position + index, block=run.blocks, index_in_block=index, kind="bonus",
-            token=emitted[index], draft_token=None, p_token=float(p_row[emitted[index]]),
-            p_draft=None, q_draft=None, accept_prob=None, u_draft=None, u_accept=None, u_fallback=coins[index][1],
-            entropy_p=entropy(p_row).item(),
-            tv_target=total_variation(bonus, p_row).item(),
-            tv_baseline=total_variation(bonus, rule.baseline(p_row)).item(),
-            kl_target=kl_divergence(bonus, p_row).item(),
-            p_top_ids=p_ids, p_top_probs=p_probs, p_tail=p_tail,
-            token_text=decode_one(tokenizer, emitted[index]),
-        ))
+        records.append(position_record("bonus", position + index, run.blocks, index, emitted[index], {
+            "p_token": p_row[emitted[index]], "u_fallback": coins[index][1], "entropy_p": entropy(p_row),
+            "tv_target": total_variation(bonus, p_row), "tv_baseline": total_variation(bonus, rule.baseline(p_row)),
+            "kl_target": kl_divergence(bonus, p_row), "p_top_ids": p_ids, "p_top_probs": p_probs, "p_tail": p_tail,
+        }, text))
     return records

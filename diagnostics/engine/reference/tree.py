@@ -26,7 +26,8 @@ from typing import Any
 import torch
 
 from diagnostics.engine.drafting import fit_vocabulary
-from diagnostics.engine.records import NodeRecord, PositionRecord, RoundRecord, Run, decode_one, finish, rounds, top_entries
+from diagnostics.engine.records import (NodeRecord, PositionRecord, RoundRecord, Run, decode_one, finish, position_record, rounds,
+                                        top_entries)
 from diagnostics.engine.seams import EngineSeams
 from diagnostics.metrics import entropy, kl_divergence, overshoot_mass, total_variation
 from diagnostics.rng import uniform_scalar
@@ -117,37 +118,25 @@ def _position_record(block: int, position: int, index: int, rule: Rule, draft: D
     law = decision.law
     p_ids, p_probs, p_tail = top_entries(p_row, top_k_record)
     values: dict[str, Any] = {
-        "entropy_p": entropy(p_row).item(),
-        "tv_target": total_variation(law, p_row).item(),
-        "tv_baseline": total_variation(law, rule.baseline(p_row)).item(),
-        "kl_target": kl_divergence(law, p_row).item(),
+        "p_token": p_row[decision.token], "u_fallback": decision.u_fallback,
+        "entropy_p": entropy(p_row), "tv_target": total_variation(law, p_row),
+        "tv_baseline": total_variation(law, rule.baseline(p_row)), "kl_target": kl_divergence(law, p_row),
+        "p_top_ids": p_ids, "p_top_probs": p_probs, "p_tail": p_tail,
     }
     allowed = rule.allowed_set(p_row)
     if allowed is not None:
-        values["allowed_size"] = int(allowed.sum())
-        values["allowed_mass"] = float((p_row * allowed).sum())
-    draft_fields: dict[str, Any] = {"draft_token": None, "p_draft": None, "q_draft": None, "accept_prob": None,
-                                    "u_draft": None, "u_accept": None}
+        values.update(allowed_size=allowed.sum(), allowed_mass=(p_row * allowed).sum())
     if decision.kind != "bonus":
-        at = steps[decision.node]
         survive = 1.0
-        for a_value in at.accept:
+        for a_value in steps[decision.node].accept:
             survive *= 1.0 - a_value
         child = decision.child
         draft_token = draft.tree.tokens[child]
         q_row = draft.q_laws[row]
         q_ids, q_probs, q_tail = top_entries(q_row, top_k_record)
-        draft_fields = {
-            "draft_token": draft_token, "p_draft": float(p_row[draft_token]), "q_draft": draft.q_token[child],
-            "accept_prob": decision.accept_prob, "u_draft": draft.u_draft[child], "u_accept": decision.u_accept,
-            "draft_text": decode_one(tokenizer, draft_token),
-            "q_top_ids": q_ids, "q_top_probs": q_probs, "q_tail": q_tail,
-        }
-        values.update(alpha=1.0 - survive, tv_pq=total_variation(p_row, q_row).item(), entropy_q=entropy(q_row).item(),
-                      overshoot=overshoot_mass(p_row, q_row).item())
-    return PositionRecord(
-        position=position, block=block, index_in_block=index, kind=decision.kind, token=decision.token,
-        p_token=float(p_row[decision.token]), u_fallback=decision.u_fallback,
-        p_top_ids=p_ids, p_top_probs=p_probs, p_tail=p_tail, token_text=decode_one(tokenizer, decision.token),
-        tree_node=decision.node, **draft_fields, **values,
-    )
+        values.update(draft_token=draft_token, p_draft=p_row[draft_token], q_draft=draft.q_token[child],
+                      accept_prob=decision.accept_prob, u_draft=draft.u_draft[child], u_accept=decision.u_accept,
+                      q_top_ids=q_ids, q_top_probs=q_probs, q_tail=q_tail, alpha=1.0 - survive,
+                      tv_pq=total_variation(p_row, q_row), entropy_q=entropy(q_row), overshoot=overshoot_mass(p_row, q_row))
+    return position_record(decision.kind, position, block, index, decision.token, values,
+                           lambda token: decode_one(tokenizer, token), tree_node=decision.node)
