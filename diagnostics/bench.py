@@ -30,8 +30,12 @@ import sys
 import time
 import tracemalloc
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from diagnostics.policy import Policy
 
 STORY = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 REPETITIVE = (
@@ -91,60 +95,89 @@ def _machine() -> str:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    import transformers
+    """Every comparison of the module docstring (``--only``: the trees or the batching alone), printed
+    as it is measured and emitted as one JSON object (``_emit``)."""
+    bench = _Bench(args)
+    if args.only is None:
+        _against_transformers(bench)
+        _ours_against_ours(bench, args.quick)
+    if args.only == "batch":
+        bench.results["batching"] = _batching(bench.n, args.quick)
+        return _emit(bench.results, args.json)
+    _trees(bench, args.quick)
+    # 8. Peak memory of recording 2,000 positions on a 49,152-token vocabulary.
+    if args.only is None:
+        bench.results["batching"] = _batching(bench.n, args.quick)
+        bench.results["recording_memory"] = _recording_memory(2000 if not args.quick else 200)
+        print(f"{'peak traced memory recording positions':58s} {bench.results['recording_memory']}", file=sys.stderr)
+    return _emit(bench.results, args.json)
 
-    from diagnostics.engine import generate
-    from diagnostics.hf_assisted import assistant_settings, fixed_gamma
-    from diagnostics.models import early_exit_model, load_model
-    from diagnostics.policy import Policy
-    from diagnostics.runner import encode_prompt
 
-    target = load_model("default", dtype=args.dtype, device=args.device)
-    model = target.model
-    device = target.device
-    n = args.max_new_tokens
-    repeat = args.repeat
-    if repeat < 1 or n < 1:
-        raise ValueError("--repeat and --max-new-tokens must be at least 1")
+class _Bench:
+    """What every comparison shares: the embedded target, the two prompts, the early-exit drafter,
+    the figures so far (``results``) and each labelled generator's tokens per target forward
+    (``passes``); ``ours`` and ``hf`` make the timed calls, ``report`` records a ratio."""
+
     gamma = 4
     layer = 26
-    results: dict[str, object] = {
-        "machine": _machine(), "device": str(device) + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""),
-        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
-        "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
-        "max_new_tokens": n, "repeat": repeat, "gamma": gamma, "early_exit_layer": layer,
-    }
 
-    def report(name: str, ours: float, theirs: float, peer: str) -> None:
-        results[name] = {"ours_tok_s": round(ours, 2), f"{peer}_tok_s": round(theirs, 2), "ratio": round(ours / theirs, 3)}
+    def __init__(self, args: argparse.Namespace) -> None:
+        import transformers
+
+        from diagnostics.hf_assisted import fixed_gamma
+        from diagnostics.models import early_exit_model, load_model
+        from diagnostics.runner import encode_prompt
+
+        self.target = target = load_model("default", dtype=args.dtype, device=args.device)
+        self.model = model = target.model
+        self.device = device = target.device
+        self.n = n = args.max_new_tokens
+        self.repeat = repeat = args.repeat
+        if repeat < 1 or n < 1:
+            raise ValueError("--repeat and --max-new-tokens must be at least 1")
+        self.results: dict[str, object] = {
+            "machine": _machine(), "device": str(device) + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""),
+            "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+            "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
+            "max_new_tokens": n, "repeat": repeat, "gamma": self.gamma, "early_exit_layer": self.layer,
+        }
+        self.story = encode_prompt(target, STORY)
+        self.repetitive = encode_prompt(target, REPETITIVE)
+        self.story_ids = torch.tensor([self.story], device=device)
+        self.passes: dict[str, list[float]] = {}  # tokens per target forward of each labelled generator
+        self.fixed = fixed_gamma(self.gamma)  # transformers at our γ, without its confidence stop
+        self.shell = early_exit_model(target, self.layer)
+
+    def report(self, name: str, ours: float, theirs: float, peer: str) -> None:
+        """One ratio, ours against ``peer``'s tokens/s: kept in ``results`` and printed."""
+        self.results[name] = {"ours_tok_s": round(ours, 2), f"{peer}_tok_s": round(theirs, 2), "ratio": round(ours / theirs, 3)}
         print(f"{name:58s} ours {ours:7.2f} tok/s  {peer} {theirs:7.2f} tok/s  ratio {ours / theirs:5.2f}x", file=sys.stderr)
 
-    story = encode_prompt(target, STORY)
-    repetitive = encode_prompt(target, REPETITIVE)
-    story_ids = torch.tensor([story], device=device)
-
-    passes: dict[str, list[float]] = {}  # tokens per target forward of each labelled generator
-
-    def ours(prompt: list[int], draft: object, *, temperature: float = 1.0, record: bool = True,
-             draft_policy: Policy | None = None, label: str | None = None, block: int = gamma, **shape: object) -> Callable[[], int]:
+    def ours(self, prompt: list[int], draft: object, *, temperature: float = 1.0, record: bool = True,
+             draft_policy: Policy | None = None, label: str | None = None, block: int = gamma,
+             **shape: object) -> Callable[[], int]:
         """Our generator, recording every position unless ``record=False`` (the peer comparisons are
         with recording on: that is the product)."""
+        from diagnostics.engine import generate
+
         seeds = iter(range(10**6))  # a new seed per call, as transformers draws new randomness per call
 
         def call() -> int:
-            run = generate(target, draft, prompt, gamma=block, max_new_tokens=n, seed=next(seeds), temperature=temperature,
-                           eos_token_id=[], record=record, draft_policy=draft_policy, **shape)
+            run = generate(self.target, draft, prompt, gamma=block, max_new_tokens=self.n, seed=next(seeds),
+                           temperature=temperature, eos_token_id=[], record=record, draft_policy=draft_policy, **shape)
             if label is not None:
-                passes.setdefault(label, []).append(len(run.tokens) / run.blocks)
+                self.passes.setdefault(label, []).append(len(run.tokens) / run.blocks)
             return len(run.tokens)
 
         return call
 
-    def hf(ids: torch.Tensor, assistant: dict | None = None, **kwargs: object) -> Callable[[], int]:
+    def hf(self, ids: torch.Tensor, assistant: dict | None = None, **kwargs: object) -> Callable[[], int]:
         """transformers ``generate``; ``assistant`` sets the assistant's ``generation_config`` fields
         (``num_assistant_tokens``, its schedule, ``assistant_confidence_threshold``) for the call, the
         only place transformers reads them (the early-exit assistant and the shell share the target's)."""
-        settings = {"max_new_tokens": n, "min_new_tokens": n, "pad_token_id": target.tokenizer.eos_token_id}
+        from diagnostics.hf_assisted import assistant_settings
+
+        settings = {"max_new_tokens": self.n, "min_new_tokens": self.n, "pad_token_id": self.target.tokenizer.eos_token_id}
         settings.update(kwargs)
         if settings.get("do_sample"):
             settings.update(temperature=1.0, top_k=0, top_p=1.0)
@@ -152,108 +185,114 @@ def run_bench(args: argparse.Namespace) -> int:
             settings.update(temperature=None, top_k=None, top_p=None)
 
         def call() -> int:
-            with assistant_settings(model, assistant), torch.inference_mode():
-                output = model.generate(ids, attention_mask=torch.ones_like(ids), **settings)
+            with assistant_settings(self.model, assistant), torch.inference_mode():
+                output = self.model.generate(ids, attention_mask=torch.ones_like(ids), **settings)
             return output.shape[1] - ids.shape[1]
 
         return call
 
-    fixed = fixed_gamma(gamma)  # transformers at our γ, without its confidence stop
 
-    shell = early_exit_model(target, layer)
-    if args.only is None:
-        # 1. Plain decoding against transformers generate.
-        report("plain greedy vs generate(do_sample=False)", *_side_by_side(ours(story, None, temperature=0), hf(story_ids, do_sample=False), repeat), "hf")
-        report("plain sampling vs generate(do_sample=True)", *_side_by_side(ours(story, None), hf(story_ids, do_sample=True), repeat), "hf")
+def _against_transformers(bench: _Bench) -> None:
+    """Sections 1 to 3: plain, lossless speculative and adaptive decoding against transformers
+    ``generate`` with the same drafter."""
+    from diagnostics.policy import Policy
 
-        # 2. Lossless speculative decoding against assisted generation with the same drafter.
-        # Greedy (T = 0): both sides do exactly the same work (same drafts, same acceptances), so the
-        # ratio is pure implementation overhead. Sampling (T = 1): transformers drafts with the
-        # assistant's own generation config (greedy for this model) and verifies against the draft's
-        # softmax, which accepts more than a sampled draft does; the ratio then mixes speed and
-        # acceptance, and the greedy-draft row of ours is the closer peer.
-        repetitive_ids = torch.tensor([repetitive], device=device)
-        greedy_drafts = Policy(temperature=0)
-        for mode, temperature, extra in (("greedy", 0.0, {"do_sample": False}), ("sampling", 1.0, {"do_sample": True})):
-            report(f"{mode}: lossless early-exit:{layer} (layers reused) vs assistant_early_exit={layer}",
-                   *_side_by_side(ours(story, shell, temperature=temperature),
-                                  hf(story_ids, fixed, assistant_early_exit=layer, **extra), repeat), "hf")
-            # A separate draft model cannot share the target's cache: our two-forward path, like theirs.
-            report(f"{mode}: lossless model drafter vs assistant_model (exit@{layer} as a model)",
-                   *_side_by_side(ours(story, shell, temperature=temperature, reuse_layers=False),
+    ours, hf, report, repeat = bench.ours, bench.hf, bench.report, bench.repeat
+    story, story_ids, repetitive, shell, fixed = bench.story, bench.story_ids, bench.repetitive, bench.shell, bench.fixed
+    gamma, layer = bench.gamma, bench.layer
+    # 1. Plain decoding against transformers generate.
+    report("plain greedy vs generate(do_sample=False)", *_side_by_side(ours(story, None, temperature=0), hf(story_ids, do_sample=False), repeat), "hf")
+    report("plain sampling vs generate(do_sample=True)", *_side_by_side(ours(story, None), hf(story_ids, do_sample=True), repeat), "hf")
+
+    # 2. Lossless speculative decoding against assisted generation with the same drafter.
+    # Greedy (T = 0): both sides do exactly the same work (same drafts, same acceptances), so the
+    # ratio is pure implementation overhead. Sampling (T = 1): transformers drafts with the
+    # assistant's own generation config (greedy for this model) and verifies against the draft's
+    # softmax, which accepts more than a sampled draft does; the ratio then mixes speed and
+    # acceptance, and the greedy-draft row of ours is the closer peer.
+    repetitive_ids = torch.tensor([repetitive], device=bench.device)
+    greedy_drafts = Policy(temperature=0)
+    for mode, temperature, extra in (("greedy", 0.0, {"do_sample": False}), ("sampling", 1.0, {"do_sample": True})):
+        report(f"{mode}: lossless early-exit:{layer} (layers reused) vs assistant_early_exit={layer}",
+               *_side_by_side(ours(story, shell, temperature=temperature),
+                              hf(story_ids, fixed, assistant_early_exit=layer, **extra), repeat), "hf")
+        # A separate draft model cannot share the target's cache: our two-forward path, like theirs.
+        report(f"{mode}: lossless model drafter vs assistant_model (exit@{layer} as a model)",
+               *_side_by_side(ours(story, shell, temperature=temperature, reuse_layers=False),
+                              hf(story_ids, fixed, assistant_model=shell.model, **extra), repeat), "hf")
+        if temperature:
+            report(f"{mode}: lossless, greedy drafts (q = point mass) vs assistant_model",
+                   *_side_by_side(ours(story, shell, temperature=temperature, draft_policy=greedy_drafts, reuse_layers=False),
                                   hf(story_ids, fixed, assistant_model=shell.model, **extra), repeat), "hf")
-            if temperature:
-                report(f"{mode}: lossless, greedy drafts (q = point mass) vs assistant_model",
-                       *_side_by_side(ours(story, shell, temperature=temperature, draft_policy=greedy_drafts, reuse_layers=False),
-                                      hf(story_ids, fixed, assistant_model=shell.model, **extra), repeat), "hf")
-            report(f"{mode}: lossless ngram:3 vs prompt_lookup_num_tokens={gamma} (repetitive prompt)",
-                   *_side_by_side(ours(repetitive, "ngram:3", temperature=temperature),
-                                  hf(repetitive_ids, prompt_lookup_num_tokens=gamma, max_matching_ngram_size=3, **extra), repeat), "hf")
+        report(f"{mode}: lossless ngram:3 vs prompt_lookup_num_tokens={gamma} (repetitive prompt)",
+               *_side_by_side(ours(repetitive, "ngram:3", temperature=temperature),
+                              hf(repetitive_ids, prompt_lookup_num_tokens=gamma, max_matching_ngram_size=3, **extra), repeat), "hf")
 
-        # 3. Adaptive drafting. Same rule on both sides: up to 20 drafts, stop after a draft x with
-        # q(x) < 0.4. Then each side at its own defaults: ours γ = 4 without a stop; theirs 20
-        # drafts with its 0.4 confidence stop.
-        adaptive = {"num_assistant_tokens": 20, "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.4}
-        report(f"sampling: early-exit:{layer} γ≤20, draft-stop 0.4 vs assistant_confidence_threshold=0.4",
-               *_side_by_side(ours(story, shell, block=20, draft_stop=0.4),
-                              hf(story_ids, adaptive, assistant_early_exit=layer, do_sample=True), repeat), "hf")
-        report(f"sampling: early-exit:{layer} at our defaults vs assistant_early_exit={layer} at theirs",
-               *_side_by_side(ours(story, shell), hf(story_ids, assistant_early_exit=layer, do_sample=True), repeat), "hf")
+    # 3. Adaptive drafting. Same rule on both sides: up to 20 drafts, stop after a draft x with
+    # q(x) < 0.4. Then each side at its own defaults: ours γ = 4 without a stop; theirs 20
+    # drafts with its 0.4 confidence stop.
+    adaptive = {"num_assistant_tokens": 20, "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.4}
+    report(f"sampling: early-exit:{layer} γ≤20, draft-stop 0.4 vs assistant_confidence_threshold=0.4",
+           *_side_by_side(ours(story, shell, block=20, draft_stop=0.4),
+                          hf(story_ids, adaptive, assistant_early_exit=layer, do_sample=True), repeat), "hf")
+    report(f"sampling: early-exit:{layer} at our defaults vs assistant_early_exit={layer} at theirs",
+           *_side_by_side(ours(story, shell), hf(story_ids, assistant_early_exit=layer, do_sample=True), repeat), "hf")
 
-        # 4. What reusing the draft's layers buys (ours against ours).
-        report(f"sampling: early-exit:{layer} layers reused vs two forwards",
-               *_side_by_side(ours(story, shell), ours(story, shell, reuse_layers=False), repeat), "two_forwards")
 
-        # 5. Recording on vs off (same run otherwise): median of paired ratios, more repetitions.
-        on, off, overhead = _paired_overhead(ours(story, shell, record=True), ours(story, shell, record=False), max(6, 2 * repeat))
-        results["recording_overhead"] = {"on_tok_s": round(on, 2), "off_tok_s": round(off, 2), "overhead": round(overhead, 3)}
-        print(f"{'recording on vs off (early-exit, lossless)':58s} on {on:7.2f} tok/s  off {off:7.2f} tok/s  overhead {100 * overhead:5.1f}%", file=sys.stderr)
+def _ours_against_ours(bench: _Bench, quick: bool) -> None:
+    """Sections 4 to 6: what reusing the draft's layers buys, what recording costs, and speculative
+    against plain decoding with each drafter."""
+    from diagnostics.models import early_exit_model
 
-        # 6. Speculative vs plain decoding with each drafter.
-        drafters = {f"early-exit:{layer}": shell, "early-exit:28": early_exit_model(target, 28), "ngram:3": "ngram:3"}
-        if not args.quick:
-            drafters["early-exit:16"] = early_exit_model(target, 16)
-        for name, drafter in drafters.items():
-            prompt = repetitive if name.startswith("ngram") else story
-            label = f"lossless {name} vs plain decoding" + (" (repetitive prompt)" if name.startswith("ngram") else "")
-            report(label, *_side_by_side(ours(prompt, drafter), ours(prompt, None), repeat), "plain")
-        report("lossless ngram:3 vs plain decoding (story prompt)", *_side_by_side(ours(story, "ngram:3"), ours(story, None), repeat), "plain")
-        report("greedy (T=0) ngram:3 vs plain greedy (repetitive prompt)",
-               *_side_by_side(ours(repetitive, "ngram:3", temperature=0), ours(repetitive, None, temperature=0), repeat), "plain")
+    ours, report, repeat, story, repetitive, shell = bench.ours, bench.report, bench.repeat, bench.story, bench.repetitive, bench.shell
+    layer = bench.layer
+    # 4. What reusing the draft's layers buys (ours against ours).
+    report(f"sampling: early-exit:{layer} layers reused vs two forwards",
+           *_side_by_side(ours(story, shell), ours(story, shell, reuse_layers=False), repeat), "two_forwards")
 
-    if args.only == "batch":
-        results["batching"] = _batching(n, args.quick)
-        return _emit(results, args.json)
+    # 5. Recording on vs off (same run otherwise): median of paired ratios, more repetitions.
+    on, off, overhead = _paired_overhead(ours(story, shell, record=True), ours(story, shell, record=False), max(6, 2 * repeat))
+    bench.results["recording_overhead"] = {"on_tok_s": round(on, 2), "off_tok_s": round(off, 2), "overhead": round(overhead, 3)}
+    print(f"{'recording on vs off (early-exit, lossless)':58s} on {on:7.2f} tok/s  off {off:7.2f} tok/s  overhead {100 * overhead:5.1f}%", file=sys.stderr)
 
-    # 7. Trees against the chain, both lossless with early-exit drafts: tokens per target forward
-    # and wall tokens/s, and one tree forward against a chain forward of as many tokens.
+    # 6. Speculative vs plain decoding with each drafter.
+    drafters = {f"early-exit:{layer}": shell, "early-exit:28": early_exit_model(bench.target, 28), "ngram:3": "ngram:3"}
+    if not quick:
+        drafters["early-exit:16"] = early_exit_model(bench.target, 16)
+    for name, drafter in drafters.items():
+        prompt = repetitive if name.startswith("ngram") else story
+        label = f"lossless {name} vs plain decoding" + (" (repetitive prompt)" if name.startswith("ngram") else "")
+        report(label, *_side_by_side(ours(prompt, drafter), ours(prompt, None), repeat), "plain")
+    report("lossless ngram:3 vs plain decoding (story prompt)", *_side_by_side(ours(story, "ngram:3"), ours(story, None), repeat), "plain")
+    report("greedy (T=0) ngram:3 vs plain greedy (repetitive prompt)",
+           *_side_by_side(ours(repetitive, "ngram:3", temperature=0), ours(repetitive, None, temperature=0), repeat), "plain")
+
+
+def _trees(bench: _Bench, quick: bool) -> None:
+    """Section 7: trees against the chain, both lossless with early-exit drafts: tokens per target
+    forward and wall tokens/s, and one tree forward against a chain forward of as many tokens."""
+    gamma, layer, repeat, story, shell, passes = bench.gamma, bench.layer, bench.repeat, bench.story, bench.shell, bench.passes
     tree_shapes = {"tree budget 4, depth 4 (4 nodes)": {"tree_budget": 4, "tree_depth": 4},
                    "tree 3,2,1 (15 nodes, top-k children)": {"tree": (3, 2, 1)},
                    "tree 2,2,1 sampled (8 nodes)": {"tree": (2, 2, 1), "tree_children": "sample"}}
-    if args.quick:
+    if quick:
         tree_shapes = dict(list(tree_shapes.items())[:2])
     chain_label = f"chain γ={gamma}"
-    results["trees"] = {}
+    trees: dict[str, object] = {}
+    bench.results["trees"] = trees
     for name, shape in tree_shapes.items():
-        tree_rate, chain_rate = _side_by_side(ours(story, shell, label=name, **shape), ours(story, shell, label=chain_label), repeat)
-        report(f"lossless early-exit:{layer} {name} vs chain γ={gamma}", tree_rate, chain_rate, "chain")
-        results["trees"][name] = {"tokens_per_target_forward": round(statistics.median(passes[name]), 3),
-                                  "chain_tokens_per_target_forward": round(statistics.median(passes[chain_label]), 3)}
+        tree_rate, chain_rate = _side_by_side(bench.ours(story, shell, label=name, **shape), bench.ours(story, shell, label=chain_label), repeat)
+        bench.report(f"lossless early-exit:{layer} {name} vs chain γ={gamma}", tree_rate, chain_rate, "chain")
+        trees[name] = {"tokens_per_target_forward": round(statistics.median(passes[name]), 3),
+                       "chain_tokens_per_target_forward": round(statistics.median(passes[chain_label]), 3)}
         print(f"{'  tokens per target forward':58s} tree {statistics.median(passes[name]):5.2f}  "
               f"chain {statistics.median(passes[chain_label]):5.2f}", file=sys.stderr)
     for nodes in (4, 15):
-        tree_s, chain_s = _forward_cost(target, story, nodes, repeat=max(5, 3 * repeat))
-        results["trees"][f"forward_{nodes}_tokens"] = {"tree_ms": round(1000 * tree_s, 2), "chain_ms": round(1000 * chain_s, 2),
-                                                        "ratio": round(tree_s / chain_s, 3)}
+        tree_s, chain_s = _forward_cost(bench.target, story, nodes, repeat=max(5, 3 * repeat))
+        trees[f"forward_{nodes}_tokens"] = {"tree_ms": round(1000 * tree_s, 2), "chain_ms": round(1000 * chain_s, 2),
+                                            "ratio": round(tree_s / chain_s, 3)}
         print(f"{f'one target forward over {nodes} draft tokens: tree vs chain':58s} tree {1000 * tree_s:7.1f} ms  "
               f"chain {1000 * chain_s:7.1f} ms  ratio {tree_s / chain_s:5.2f}x", file=sys.stderr)
-
-    # 8. Peak memory of recording 2,000 positions on a 49,152-token vocabulary.
-    if args.only is None:
-        results["batching"] = _batching(n, args.quick)
-        results["recording_memory"] = _recording_memory(2000 if not args.quick else 200)
-        print(f"{'peak traced memory recording positions':58s} {results['recording_memory']}", file=sys.stderr)
-    return _emit(results, args.json)
 
 
 def _emit(results: dict[str, object], path: str | None) -> int:

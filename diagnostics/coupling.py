@@ -6,7 +6,8 @@ under the same settings. Coupled runs share every uniform (``diagnostics.rng``),
 token for token until a rule decides differently: the first divergence. ``plan_coupling`` says,
 without any model, whether a run can be coupled and whether its partner is already stored;
 ``couple`` finds or records the partner, links the pair as a group (``Store.set_group``) and
-says where and why they part. Inspect, the Run page and ``run --with-lossless`` all go through it.
+says where and why they part (``divergence.why_they_part``). Inspect, the Run page and
+``run --with-lossless`` all go through it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from diagnostics.comparison import positions_divergence, references
-from diagnostics.divergence import divergence_reason
+from diagnostics.divergence import why_they_part
 from diagnostics.engine import EngineError, PositionRecord
 from diagnostics.inspection import as_list
 from diagnostics.request import RunRequest, request_from_run
@@ -276,20 +277,5 @@ def stored_divergence(store: Store, reference_id: str, other_id: str) -> int | N
     return positions_divergence(store.positions(reference_id), store.positions(other_id))
 
 
-def why_they_part(store: Store, reference_id: str, other_id: str, divergence: int | None,
-                  decode: Callable[[int], str] | None = None) -> str:
-    """One line on why ``other_id`` leaves ``reference_id`` at ``divergence``: each rule's coin ``u``
-    against its ``a(x)``, or the fallback or bonus laws the shared uniform lands on differently."""
-    reference, other = store.get_run(reference_id), store.get_run(other_id)
-    if divergence is None:
-        return (f"{other['rule']} never leaves {reference['rule']}: the two runs are identical over all "
-                f"{int(reference.get('n_tokens') or 0)} positions")
-    records = {run_id: store.position(run_id, divergence) for run_id in (reference_id, other_id)}
-    for run_id, row in ((reference_id, reference), (other_id, other)):
-        if records[run_id] is None:
-            return f"the {row['rule']} run ends at position {divergence} ({row.get('stop_reason') or row.get('status')}); the other goes on"
-    return divergence_reason(str(reference["rule"]), records[reference_id], str(other["rule"]), records[other_id], decode)
-
-
 __all__ = ["COUPLING_FIELDS", "Coupling", "CouplingError", "CouplingPlan", "LOSSLESS", "couple", "divergence_partners", "is_coupled", "is_lossless",
-           "partner_rule", "plan_coupling", "stored_divergence", "why_they_part"]
+           "partner_rule", "plan_coupling", "stored_divergence"]

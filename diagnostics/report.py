@@ -43,7 +43,7 @@ from diagnostics.policy import policy_words
 from diagnostics.shareable import machine_free, shared_db_name
 from diagnostics.store import Store, StoreError, complete_groups
 from diagnostics.untrusted import visible
-from diagnostics.why import chain_divergence, run_decision, shape_label
+from diagnostics.divergence import chain_divergence, run_decision, shape_label
 
 # Runs up to this many positions are reported whole (as they always were); a longer run shows this
 # many (the token strip and the tracks were made for about 2,000) and summarises the rest.
@@ -193,20 +193,24 @@ def audit_section(audit: dict[str, Any], index: int) -> str:
 </section>"""
 
 
-def sweep_section(store: Store, sweep_id: str, index: int, cost: float | None = None) -> str:
+def sweep_section(store: Store, sweep_id: str, index: int, cost: float | str | None = None) -> str:
     """One stored sweep: its settings, the Pareto chart, every setting's figures with intervals, the
-    verdicts; the modelled speed-ups at ``cost``, else at the cost ratio stored with the sweep (so
-    the report, the Sweeps page and the CLI agree): ``resolve_cost``'s c, named by its phrase."""
+    verdicts; the modelled speed-ups at ``cost`` (a number, or ``"analytic"``), else at the cost
+    ratio stored with the sweep (so the report, the Sweeps page and the CLI agree): ``resolve_cost``'s
+    c, named by its phrase, and flagged when implausible (``stored_cost_flag``)."""
     from diagnostics.charts import pareto_figure
-    from diagnostics.evaluation.settings import resolve_cost
+    from diagnostics.evaluation.settings import resolve_cost, stored_cost_flag
     from diagnostics.evaluation.stats import summarise_sweep, sweep_table
 
     sweep = store.get_sweep(sweep_id)
     if sweep is None:
         raise StoreError(f"there is no sweep {sweep_id!r} in {store.path}")
     settings = sweep["settings"]
+    given = cost
     cost, source = resolve_cost(settings, cost)
     cost_note = f"cost ratio c = {cost:g} ({_text(source)}) for the modelled speed-up"
+    flag = stored_cost_flag(settings) if given is None else None
+    cost_flag = f'<p class="reason">Cost ratio: {_text(flag)} (report --cost analytic takes it.)</p>' if flag else ""
     summaries = summarise_sweep(sweep_table(store, sweep_id, cost))
     chart = (pio.to_html(pareto_figure(summaries), include_plotlyjs=False, full_html=False, div_id=f"sweep-{index}")
              if summaries else "<p>No unit has finished.</p>")
@@ -225,6 +229,7 @@ def sweep_section(store: Store, sweep_id: str, index: int, cost: float | None = 
   <p class="meta">prompts {_text(settings.get('prompt_file'))} ({len(settings.get('prompts', []))}) · rules {_text(', '.join(settings.get('rules', [])))} ·
      {_number(settings.get('seeds'))} seeds · draft {_text(settings.get('request', {}).get('draft'))} · {cost_note} ·
      95% intervals: bootstrap over prompts, then seeds</p>
+  {cost_flag}
   {chart}
   {_table(rows)}
   {verdicts}
@@ -354,14 +359,14 @@ def why_section(store: Store, reference_run: dict[str, Any], reference_positions
 
 def _chain_why(reference_run: dict[str, Any], ref_record: dict[str, Any], run: dict[str, Any], record: dict[str, Any],
                decode: Any, div_id: str) -> str:
-    """Two chain runs at their divergence (``why.chain_divergence`` on the stored top-k)."""
+    """Two chain runs at their divergence (``divergence.chain_divergence`` on the stored top-k)."""
     reason, figure, note = chain_divergence(reference_run, ref_record, run["rule"], record, None, decode, NO_MODEL)
     return (f'<p class="reason">{_text(reason, content=True)}</p>{_figure_html(figure, div_id)}'
             f'<p class="meta">{_text(note or "")}</p>')
 
 
 def _tree_or_chain_step(store: Store, run: dict[str, Any], record: dict[str, Any], decode: Any, div_id: str) -> str:
-    """One run's decision at a divergence of a group with a tree run (``why.run_decision``)."""
+    """One run's decision at a divergence of a group with a tree run (``divergence.run_decision``)."""
     title = f"<h4>{_text(run['rule'])} · {_text(shape_label(run))}</h4>"
     nodes = store.tree_nodes(run["run_id"], block=int(record["block"])) if run.get("tree") else None
     line, figure = run_decision(run, record, nodes, None, decode, NO_MODEL)
@@ -383,6 +388,36 @@ def build_report(store: Store, run_ids: list[str], audit_ids: list[str] | None =
     completion = complete_groups(store, run_ids)
     run_ids = completion.run_ids
     db_name = shared_db_name(store.path)
+    runs = _reported_runs(store, run_ids)
+    audits = _reported_audits(store, run_ids, audit_ids)
+    references = _references(store, [run for run, _ in runs])
+    by_id = {run["run_id"]: (run, shown) for run, shown in runs}
+    places: dict[str, tuple[str, str]] = {}
+    sections = []
+    for index, (run, shown) in enumerate(runs):
+        reference = _reference_of(run, references)
+        divergence = _divergence_position(store, run, reference, shown, by_id)
+        places[run["run_id"]] = _divergence(run, reference, divergence)
+        sections.append(run_section(store, run, shown, index, reference, divergence, places[run["run_id"]][1], by_id, db_name))
+    sections += [sweep_section(store, sweep_id, index, cost) for index, sweep_id in enumerate(sweep_ids)]
+    if audits:
+        sections.append('<section class="run"><h2>Losslessness audits</h2>'
+                        '<p class="meta">A correct implementation fails an audit with probability at most its level (1% by default).</p>'
+                        + "".join(audit_section(audit, index) for index, audit in enumerate(audits)) + "</section>")
+    if verdicts:
+        from diagnostics.verdicts.render import html_section
+
+        sections.append(html_section(verdicts))
+    summary = summary_html(runs, places, completion.notes("reported"), db_name) if runs else ""
+    subject = (f"target {machine_free(str(runs[0][0]['target']))}" if runs else f"{len(sweep_ids)} sweep(s)" if sweep_ids
+               else f"{len(audits)} audit(s)" if audits else "verdicts on real engines")
+    title = ", ".join(run["rule"] for run, _ in runs) or ("sweeps" if sweep_ids else "losslessness audits" if audits else "verdicts")
+    return report_page(title, subject, summary, sections)
+
+
+def _reported_runs(store: Store, run_ids: list[str]) -> list[tuple[dict[str, Any], Any]]:
+    """Each run to report with its positions as shown (``shown_positions``) and its log-likelihood;
+    ``StoreError`` for an id not in the store."""
     runs = []
     for run_id in run_ids:
         # run_header: the run without its token list and output text (the report shows neither;
@@ -396,6 +431,11 @@ def build_report(store: Store, run_ids: list[str], audit_ids: list[str] | None =
         else:  # over every position, in the database
             run["log_likelihood"] = shown.summary["log_likelihood"]
         runs.append((run, shown))
+    return runs
+
+
+def _reported_audits(store: Store, run_ids: list[str], audit_ids: list[str]) -> list[dict[str, Any]]:
+    """The stored audits of ``run_ids``, then ``audit_ids``, each once; ``StoreError`` for an id not in the store."""
     linked = store.list_audits(run_ids)["audit_id"].tolist() if run_ids else []
     audits = []
     for audit_id in dict.fromkeys(linked + audit_ids):
@@ -403,27 +443,25 @@ def build_report(store: Store, run_ids: list[str], audit_ids: list[str] | None =
         if audit is None:
             raise StoreError(f"there is no audit {audit_id!r} in {store.path}")
         audits.append(audit)
-    references = _references(store, [run for run, _ in runs])
-    by_id = {run["run_id"]: (run, shown) for run, shown in runs}
-    places: dict[str, tuple[str, str]] = {}
-    sections = []
-    for index, (run, shown) in enumerate(runs):
-        positions = shown.frame
-        records = positions.to_dict("records")  # at most SHOWN_POSITIONS rows
-        reference = _reference_of(run, references)
-        divergence = _divergence_position(store, run, reference, shown, by_id)
-        places[run["run_id"]] = _divergence(run, reference, divergence)
-        place = places[run["run_id"]][1]
-        # A divergence past the positions shown is not marked: its line would stretch the x axis.
-        marked = divergence if shown.whole or (divergence is not None and divergence < len(positions)) else None
-        figure = tracks_figure(positions, divergence=marked) if len(positions) else None
-        figure_html = _figure_html(figure, f"tracks-{index}") if figure else "<p>No positions.</p>"
-        why = ""
-        if divergence is not None and reference in by_id:
-            reference_run, reference_shown = by_id[reference]
-            why = why_section(store, reference_run, reference_shown.frame, run, positions, divergence, index,
-                              whole=reference_shown.whole and shown.whole)
-        sections.append(f"""
+    return audits
+
+
+def run_section(store: Store, run: dict[str, Any], shown: Any, index: int, reference: str | None, divergence: int | None,
+                place: str, by_id: dict[str, tuple[dict[str, Any], Any]], db_name: str) -> str:
+    """One run's section: its settings, output strip, why it leaves its ``reference`` at
+    ``divergence`` (when the reference is reported too), per-position tracks and reproduce line."""
+    positions = shown.frame
+    records = positions.to_dict("records")  # at most SHOWN_POSITIONS rows
+    # A divergence past the positions shown is not marked: its line would stretch the x axis.
+    marked = divergence if shown.whole or (divergence is not None and divergence < len(positions)) else None
+    figure = tracks_figure(positions, divergence=marked) if len(positions) else None
+    figure_html = _figure_html(figure, f"tracks-{index}") if figure else "<p>No positions.</p>"
+    why = ""
+    if divergence is not None and reference in by_id:
+        reference_run, reference_shown = by_id[reference]
+        why = why_section(store, reference_run, reference_shown.frame, run, positions, divergence, index,
+                          whole=reference_shown.whole and shown.whole)
+    return f"""
 <section class="run">
   <h2>{_text(run['rule'])} <small>run {_text(run['run_id'])} · {_text(run['status'])}</small></h2>
   <p class="meta">target {_text(run['target'])} · draft {_text(run['draft'])} · γ = {_number(run['gamma'])} · seed {_number(run['seed'])} ·
@@ -434,16 +472,12 @@ def build_report(store: Store, run_ids: list[str], audit_ids: list[str] | None =
   <h3>Per-position tracks</h3>
   {figure_html}
   <p class="meta">Reproduce: <code>{_text(reproduce_command(run['run_id'], db_name), content=True)}</code></p>
-</section>""")
-    sections += [sweep_section(store, sweep_id, index, cost) for index, sweep_id in enumerate(sweep_ids)]
-    if audits:
-        sections.append('<section class="run"><h2>Losslessness audits</h2>'
-                        '<p class="meta">A correct implementation fails an audit with probability at most its level (1% by default).</p>'
-                        + "".join(audit_section(audit, index) for index, audit in enumerate(audits)) + "</section>")
-    if verdicts:
-        from diagnostics.verdicts.render import html_section
+</section>"""
 
-        sections.append(html_section(verdicts))
+
+def summary_html(runs: list[tuple[dict[str, Any], Any]], places: dict[str, tuple[str, str]], notes: list[str], db_name: str) -> str:
+    """The prompt and the summary table of the reported runs (one row a run, ``places``: each run's
+    first divergence cell), ``notes`` on the runs added to complete a group, and the definitions."""
     header_cells = "".join(f"<th title='{html.escape(help_)}'>{html.escape(name)}</th>" for name, _, help_ in SUMMARY_FIELDS)
     rows = "".join(
         f"<tr><td>{_text(run['run_id'])}</td><td>{_text(run['rule'])}</td><td>{_number(run.get('seed'))}</td>"
@@ -451,8 +485,8 @@ def build_report(store: Store, run_ids: list[str], audit_ids: list[str] | None =
         + "".join(f"<td>{_number(run.get(key))}</td>" for _, key, _ in SUMMARY_FIELDS) + "</tr>"
         for run, _ in runs
     )
-    added = "".join(f'<p class="meta">Note: {_text(note)}.</p>' for note in completion.notes("reported"))
-    summary = (f"""<h3>Prompt</h3><pre>{_text(runs[0][0]['prompt'] or '', keep=chr(10) + chr(9))}</pre>
+    added = "".join(f'<p class="meta">Note: {_text(note)}.</p>' for note in notes)
+    return f"""<h3>Prompt</h3><pre>{_text(runs[0][0]['prompt'] or '', keep=chr(10) + chr(9))}</pre>
 <h3>Summary</h3>{added}
 <table><tr><th>run</th><th>rule</th><th>seed</th><th title="first position where the run decides differently from the reference run of its group at its seed">first divergence</th>{header_cells}</tr>{rows}</table>
 <p class="meta">Definitions: hover a column title. TV(a, b) = ½ Σ |a − b|; P is the exact law each token was drawn from.
@@ -461,10 +495,10 @@ def build_report(store: Store, run_ids: list[str], audit_ids: list[str] | None =
  In a compared group each seed's first run is that seed's reference.</p>
 <p class="meta">Reproduce lines name the runs file {_text(db_name, content=True)}: give the path of your copy of it.
  Nothing of the sender's machine is in this report (paths are cut to their last part, URLs to their scheme).</p>"""
-               if runs else "")
-    subject = (f"target {machine_free(str(runs[0][0]['target']))}" if runs else f"{len(sweep_ids)} sweep(s)" if sweep_ids
-               else f"{len(audits)} audit(s)" if audits else "verdicts on real engines")
-    title = ", ".join(run["rule"] for run, _ in runs) or ("sweeps" if sweep_ids else "losslessness audits" if audits else "verdicts")
+
+
+def report_page(title: str, subject: str, summary: str, sections: list[str]) -> str:
+    """The self-contained HTML page: the styles, Plotly's script, the heading, ``summary`` and ``sections``."""
     created = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">

@@ -22,7 +22,9 @@ import pytest
 import torch
 
 from diagnostics.audit import collect as collect_module
-from diagnostics.audit.collect import MAX_RAW_BYTES, Client, EndpointError, Sampling, collect
+from diagnostics.audit.collect import collect
+from diagnostics.audit.completions import MAX_RAW_BYTES, Sampling
+from diagnostics.audit.endpoint_client import Client, EndpointError
 from diagnostics.audit.external import audit_scored_samples
 from diagnostics.audit.reporting import evidence_problem, summary_line
 from diagnostics.audit.samples import MAX_FILE_BYTES, Sample, load_samples, write_samples

@@ -169,7 +169,7 @@ def test_retokenize_with_target_names_a_missing_tokenizer_and_uses_one_that_is_t
 def test_a_sampled_eos_is_put_back_alike_by_the_collector_and_retokenize() -> None:
     """One rule (``samples.continuation_ids`` then ``with_sampled_eos``) for an answer's text and a
     text-only line: a stop that counted one token more than its text shows ends with the EOS id."""
-    from diagnostics.audit.collect import Sampling, sample_from_answer
+    from diagnostics.audit.completions import Sampling, sample_from_answer
 
     for finish, count, expected in (("stop", 3, [3, 4, 11]), ("stop", 2, [3, 4]), ("length", 3, [3, 4]), ("stop", None, [3, 4])):
         answer = {"choices": [{"text": " w3 w4", "finish_reason": finish}]}

@@ -34,7 +34,8 @@ def _binary() -> Path:
 
 
 def _collect(url: str, tmp_path: Path, speculative: bool) -> list:
-    from diagnostics.audit.collect import Sampling, collect
+    from diagnostics.audit.collect import collect
+    from diagnostics.audit.completions import Sampling
     from diagnostics.audit.samples import load_samples
     from diagnostics.models import embedded_tokenizer
 

@@ -342,7 +342,7 @@ def test_a_chain_vs_tree_group_report_draws_each_runs_node_at_the_divergence(tmp
 def test_a_divergence_that_cannot_be_charted_leaves_the_rest_of_the_report(group, monkeypatch) -> None:
     """Positions of a shared file that are valid row by row yet make no step: the why part says so
     in one line and the report is still written (stand-in: the chart function refuses)."""
-    import diagnostics.why
+    import diagnostics.divergence
 
     store, run_ids = group
     position = store.get_run(run_ids[1])["divergence_position"]
@@ -351,7 +351,7 @@ def test_a_divergence_that_cannot_be_charted_leaves_the_rest_of_the_report(group
     def refuse(*_args, **_kwargs):
         raise ValueError("the drafted token is not in the stored top-k\nsecond line")
 
-    monkeypatch.setattr(diagnostics.why, "divergence_figure", refuse)
+    monkeypatch.setattr(diagnostics.divergence, "divergence_figure", refuse)
     text = build_report(store, run_ids)
     assert "The stored positions there cannot be charted: the drafted token is not in the stored top-k.</p>" in text
     assert "second line" not in text and '<div id="why-' not in text and text.count('<div id="tracks-') == 2

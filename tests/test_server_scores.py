@@ -227,7 +227,8 @@ def test_llama_cpp_native_ids_and_generations_cut_short(server, tmp_path, bug) -
     out. Its speculative path once dropped accepted tokens at the length limit while still reporting
     n_predict: a generation ended by length, short of max_tokens, without EOS, has probability 0
     under the declared law, and the audit fails it (the per-token test alone cannot see a dropped token)."""
-    from diagnostics.audit.collect import Sampling, collect
+    from diagnostics.audit.collect import collect
+    from diagnostics.audit.completions import Sampling
     from diagnostics.audit.external import audit_samples
 
     target = tiny_setup(DEVICE).target

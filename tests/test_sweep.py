@@ -579,8 +579,11 @@ def test_the_cli_and_the_report_take_one_c_and_one_phrase_with_and_without_a_sto
     (c, phrase), section = cli_and_report(0.25)
     assert (c, phrase) == (0.25, "--cost of this command") and f"cost ratio c = 0.25 ({html.escape(phrase)})" in section
 
-    with duckdb.connect(str(store.path)) as con:  # the sweep as an older version stored it: no c
+    with duckdb.connect(str(store.path)) as con:  # issue 45's c, measured on a busy machine: flagged in the report
         settings = json.loads(con.execute("SELECT settings FROM sweeps").fetchone()[0])
+        con.execute("UPDATE sweeps SET settings = ?", [json.dumps({**settings, "cost": {"ratio": 1.7274, "source": "measured"}})])
+    assert "Cost ratio: c = 1.73 is impossible for an early exit" in cli_and_report(None)[1]
+    with duckdb.connect(str(store.path)) as con:  # the sweep as an older version stored it: no c
         settings.pop("cost")
         con.execute("UPDATE sweeps SET settings = ?", [json.dumps(settings)])
     (c, phrase), section = cli_and_report(None)
@@ -662,7 +665,7 @@ def test_the_page_and_the_cli_model_speed_ups_with_the_c_stored_with_the_sweep(p
         raise AssertionError("the page re-measured c")
 
     monkeypatch.setattr(diagnostics.cost, "draft_cost_ratio", fake_ratio)
-    monkeypatch.setattr(views.common, "draft_cost_ratio", forbidden)
+    monkeypatch.setattr(views.common, "measure_cost", forbidden)
     db = tmp_path / "cost.duckdb"
     common = ["--target", tiny_folder3, "--db", str(db), "--no-progress"]
     for bad in ("nan", "5000", "-1"):  # refused before anything is loaded or stored (a NaN passed the old `< 0` check)
@@ -671,9 +674,12 @@ def test_the_page_and_the_cli_model_speed_ups_with_the_c_stored_with_the_sweep(p
         assert err.count("\n") == 1 and "--cost must be a number from 0 to 1000" in err and not db.exists()
     assert main(["sweep", "--prompts", str(prompt_file), "--rule", "lenience:0.5", "--rule", "cascade:0.3", "--seeds", "1",
                  "--draft", "early-exit:2", "--max-new-tokens", "6", "--raw", *common]) == 0
-    first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    printed = capsys.readouterr()
+    first = json.loads(printed.out.strip().splitlines()[-1])
     sweep_id = first["sweep_id"]
     assert first["cost_ratio"] == 0.4214 and first["cost_ratio_source"].startswith("stored with the sweep: measured")
+    # 0.4214 for early-exit:2 of 3 layers is 0.63× L/N: flagged (issue 45, rough edge 8), and on stderr.
+    assert first["cost_ratio_flag"].startswith("c = 0.421 is 0.63× the layer ratio 0.667") and "cost ratio: c = 0.421" in printed.err
     assert len(measured) == 1 and measured[0] is not None  # the early exit was timed, once
     assert Store(db).get_sweep(sweep_id)["settings"]["cost"] == {"ratio": 0.4214, "source": "measured"}
 
@@ -683,6 +689,7 @@ def test_the_page_and_the_cli_model_speed_ups_with_the_c_stored_with_the_sweep(p
     assert main(["sweep", "--resume", sweep_id, *common, "--cost", "0.9"]) == 0
     overridden = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert overridden["cost_ratio"] == 0.9 and overridden["cost_ratio_source"] == "--cost of this command"
+    assert overridden["cost_ratio_flag"] is None  # a c the user gave is theirs
     assert _speedups(overridden["settings"]) != _speedups(first["settings"])  # c matters to the figures compared here
     assert Store(db).get_sweep(sweep_id)["settings"]["cost"]["ratio"] == 0.4214  # the stored c is kept
 
@@ -693,6 +700,10 @@ def test_the_page_and_the_cli_model_speed_ups_with_the_c_stored_with_the_sweep(p
     shown = {row["setting"]: row["modelled speed-up"].split(" ")[0] for row in table.to_dict("records")}
     assert shown == _speedups(first["settings"])
     assert not any("re-measured" in caption.value for caption in at.caption)
+    assert any(warning.value.startswith("Cost ratio: c = 0.421 is 0.63× the layer ratio") for warning in at.warning)
+    at.radio(key=f"sweep_cost_from_{sweep_id}").set_value("analytic").run()  # the user takes L/N
+    assert at.number_input(key=f"sweep_cost_analytic_{sweep_id}").value == 0.6667 and not at.warning
+    assert {row["setting"]: row["modelled speed-up"].split(" ")[0] for row in at.dataframe[0].value.to_dict("records")} != shown
 
     at.toggle(key="sweep_remeasure").set_value(True).run()  # the tiny target needs consent: c falls back to L/N = 2/3
     assert not at.exception, [e.value for e in at.exception]

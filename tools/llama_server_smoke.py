@@ -9,7 +9,8 @@ import json
 import tempfile
 from pathlib import Path
 
-from diagnostics.audit.collect import Sampling, collect
+from diagnostics.audit.collect import collect
+from diagnostics.audit.completions import Sampling
 from diagnostics.audit.samples import load_samples
 from diagnostics.models import embedded_gguf_path, embedded_tokenizer
 from diagnostics.verdicts.llama_server import draft_gguf, llama_server, llama_server_version

@@ -9,7 +9,8 @@ from pathlib import Path
 import streamlit as st
 
 from diagnostics.audit import audit_recorded_run
-from diagnostics.audit.collect import Sampling, collect
+from diagnostics.audit.collect import collect
+from diagnostics.audit.completions import Sampling
 from diagnostics.audit.external import DEFAULT_DETECT_TV, audit_samples, audit_scored_samples
 from diagnostics.audit.reporting import (json_safe, number, pair_rows, readable_rows, readable_settings, seconds_text, summary_line,
                                          worst_position_rows, worst_prompt_rows)

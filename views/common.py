@@ -10,7 +10,7 @@ from urllib.parse import quote, urlencode
 
 import streamlit as st
 
-from diagnostics.cost import draft_cost_ratio
+from diagnostics.cost import AnalyticCost, CostMeasurement, cost_flag, measure_cost, pair_analytic_cost
 from diagnostics.inspection import (
     RunLaws,
     as_list,
@@ -209,35 +209,45 @@ METRIC_HELP = {
 
 @st.cache_resource(max_entries=16, show_spinner="Measuring the draft/target cost ratio on this machine…")
 def measured_cost_ratio(target_name: str, draft_spec: str, _target: LoadedModel, _drafter: LoadedModel | None,
-                        _context: tuple[int, ...]) -> float:
-    """``c`` for a (target, drafter) pair, measured once per server."""
-    return draft_cost_ratio(_target, _drafter, list(_context))
+                        _context: tuple[int, ...]) -> CostMeasurement:
+    """``c`` for a (target, drafter) pair with the spread of its repeats, measured once per server."""
+    return measure_cost(_target, _drafter, list(_context))
 
 
-def _default_cost_ratio(run: dict, target: LoadedModel | None) -> tuple[float, str]:
-    """The cost ratio to start from, and where it comes from."""
+def _default_cost_ratio(run: dict, target: LoadedModel | None) -> tuple[float, str, CostMeasurement | None]:
+    """The cost ratio to start from, where it comes from, and the measurement when it is one."""
     try:
         draft = parse_draft(run["draft"])
     except ModelError:
-        return 1.0, "unknown drafter"
+        return 1.0, "unknown drafter", None
     if draft.kind == "ngram":
-        return 0.0, "an n-gram lookup costs no forward"
+        return 0.0, "an n-gram lookup costs no forward", None
     if target is not None:
         try:
             drafter = run_drafter(run, target)
             ids = tuple(int(token) for token in as_list(run.get("prompt_ids"))[:128])  # a list, or an array from a DataFrame row
-            return measured_cost_ratio(target.name, str(run["draft"]), target, drafter, ids), "measured on this machine"
+            measured = measured_cost_ratio(target.name, str(run["draft"]), target, drafter, ids)
+            return measured.ratio, (f"measured on this machine, the median of {len(measured.ratios)} paired timings "
+                                    f"(relative IQR {measured.spread:.0%})"), measured
         except (ModelError, OSError, ValueError, RuntimeError):
             pass
     if draft.kind == "early-exit":
         layers = layer_count(target_spec(run))
         if layers:
-            return int(draft.value) / layers, "layer count L/N (models not loaded)"
+            return int(draft.value) / layers, "layer count L/N (models not loaded)", None
     if draft.kind in ("eagle3", "medusa"):
         layers = layer_count(target_spec(run))
         if layers:
-            return 1 / layers, "a head costs about one of the target's N layers, 1/N (models not loaded)"
-    return 0.5, "a guess (models not loaded)"
+            return 1 / layers, "a head costs about one of the target's N layers, 1/N (models not loaded)", None
+    return 0.5, "a guess (models not loaded)", None
+
+
+def _analytic_cost(run: dict, target: LoadedModel) -> AnalyticCost | None:
+    """``cost.pair_analytic_cost`` for ``run``'s pair, from the loaded target and drafter."""
+    try:
+        return pair_analytic_cost(str(run["draft"]), target, run_drafter(run, target))
+    except (ModelError, OSError, ValueError, RuntimeError):
+        return None
 
 
 def target_if_allowed(run: dict) -> LoadedModel | None:
@@ -251,22 +261,40 @@ MAX_COST_RATIO = 10.0  # the cost ratio box's upper end: a draft ten times the t
 
 def cost_ratio_input(run: dict, target: LoadedModel | None, key: str, container) -> float | None:
     """The draft/target cost ratio ``c`` for ``run``'s pair in an editable box (default: measured on
-    this machine when the models are loaded); ``None`` for plain decoding, which has no draft."""
+    this machine when the models are loaded); ``None`` for plain decoding, which has no draft.
+    With the models loaded, "c from" offers the analytic c (``cost.pair_analytic_cost``) beside the
+    measured one, and a measured c that is implausible is flagged below the box's row
+    (``cost.cost_flag``: why, and what to do)."""
     if not int(run.get("gamma") or 0):
         container.metric("draft/target cost c", "–", help="Plain decoding: no draft.")
         return None
-    start, source = _default_cost_ratio(run, target)
+    start, source, measured = _default_cost_ratio(run, target)
+    analytic = _analytic_cost(run, target) if measured is not None else None
+    origin = "measured" if target is not None else "guess"
+    if measured is not None and analytic is not None:
+        # analytic.basis: constant words and counts (cost.pair_analytic_cost); source: constants and numbers.
+        choice = container.radio("c from", ("measured", "analytic"), horizontal=True, key=f"{key}_cost_from_{run['run_id']}",  # literal-ok: source, basis
+                                 help=f"measured: {source}; analytic: c = {analytic.ratio:.4g}, {analytic.basis}. "
+                                      "Type a value in the box for your own hardware's.")
+        if choice == "analytic":
+            start, source, origin = analytic.ratio, f"analytic, {analytic.basis}", "analytic"
     if not 0.0 <= start <= MAX_COST_RATIO:
         # A timing on a busy machine can exceed the box's range (seen in CI: 11.4 for a 1-layer
         # early exit): a value outside it would crash the page, so it starts at the nearest end.
         source = f"{source}, {start:.3g} shown as {min(max(start, 0.0), MAX_COST_RATIO):g}"
         start = min(max(start, 0.0), MAX_COST_RATIO)
-    return container.number_input("draft/target cost c", 0.0, MAX_COST_RATIO, round(float(start), 3), 0.01, format="%.3f",  # literal-ok: source: constant strings of _default_cost_ratio and numbers
-                                  # Keyed by whether the models are loaded: loading them brings the measured
-                                  # default, which a box kept from before would hide behind the old guess.
-                                  key=f"{key}_cost_{run['run_id']}_{'measured' if target is not None else 'guess'}",
-                                  help=f"Time of one draft step over one target step; default: {source}. "
-                                       "Type your hardware's ratio to model its speed-up.")
+    value = container.number_input("draft/target cost c", 0.0, MAX_COST_RATIO, round(float(start), 3), 0.01, format="%.3f",  # literal-ok: source: constant strings of _default_cost_ratio, analytic bases and numbers
+                                   # Keyed by where c comes from: loading the models brings the measured
+                                   # default, which a box kept from before would hide behind the old guess.
+                                   key=f"{key}_cost_{run['run_id']}_{origin}",
+                                   help=f"Time of one draft step over one target step; default: {source}. "
+                                        "Type your hardware's ratio to model its speed-up.")
+    if measured is not None and origin == "measured":
+        flag = cost_flag(parse_draft(run["draft"]).kind, measured.ratio, analytic, measured.spread)
+        if flag:
+            st.warning(f"Cost ratio: {flag}" + (" Choose \"analytic\" under \"c from\"." if analytic is not None else ""),  # literal-ok: cost_flag's constant words and numbers
+                       icon="⚠️")
+    return value
 
 
 def headline_metrics(run: dict, positions, target: LoadedModel | None, key: str) -> None:

@@ -9,6 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from diagnostics.charts import CHART_CONFIG, token_strip_html
+from diagnostics.charts.compare import seed_runs_html
 from diagnostics.comparison import (
     group_status,
     member_figures,
@@ -27,7 +28,7 @@ from diagnostics.drafts import load_draft
 from diagnostics.models import ModelError
 from diagnostics.rules import RuleError
 from diagnostics.store import StoreError
-from diagnostics.why import chain_divergence, run_decision, shape_label
+from diagnostics.divergence import chain_divergence, run_decision, shape_label
 from views.common import (
     Launch,
     cached_model,
@@ -175,7 +176,7 @@ shown = pd.DataFrame({"rule": summary["rule"], "seeds": summary["seeds"]})
 
 
 def _tree_or_chain_step(run_row: dict, record: dict, laws, decode, unavailable: str | None, key: str) -> None:
-    """One run's decision at a position of a compared group (``why.run_decision``)."""
+    """One run's decision at a position of a compared group (``divergence.run_decision``)."""
     st.markdown(md("**{rule}** · {shape}", rule=run_row["rule"], shape=shape_label(run_row)))
     nodes = store.tree_nodes(run_row["run_id"], block=int(record["block"])) if run_row.get("tree") else None
     line, figure = run_decision(run_row, record, nodes, laws, decode, unavailable)
@@ -211,7 +212,9 @@ for member in at_seed.itertuples():
                  "first divergence": "reference" if member.run_id == reference_id else ("never" if divergence is None else str(divergence)),
                  "tokens": "–" if pd.isna(member.n_tokens) else str(int(member.n_tokens)), **{name: "–" if pd.isna(value) else f"{value:.4f}"
                                                             for name, value in figures[member.run_id].items()}})
-st.dataframe(pd.DataFrame(rows), hide_index=True, key="cmp_table", width="stretch")
+# As HTML that wraps to the page: a data grid of these ten columns ran past the right edge and its
+# scroll bar hid the third row. Every header and cell escaped by seed_runs_html (a rule label is a file's text).
+st.html(seed_runs_html(rows))
 
 # The divergence story: each member that leaves the reference, at that position, on one chart.
 reference_run = store.get_run(reference_id) if reference_id else None

@@ -9,7 +9,8 @@ from typing import Any, NamedTuple
 import streamlit as st
 
 from diagnostics.charts import token_strip_html
-from diagnostics.coupling import CouplingError, couple, is_lossless, partner_rule, plan_coupling, why_they_part
+from diagnostics.coupling import CouplingError, couple, is_lossless, partner_rule, plan_coupling
+from diagnostics.divergence import why_they_part
 from diagnostics.engine import EngineError
 from diagnostics.inspection import target_spec
 from diagnostics.models import ModelError, is_plain_draft, parse_draft

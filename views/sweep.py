@@ -12,7 +12,7 @@ from diagnostics.evaluation.answers import needs_sandbox, recheck_sweep, require
 from diagnostics.evaluation.plan import unit_members
 from diagnostics.evaluation.prompts import PromptSetError, load_prompts
 from diagnostics.evaluation.sandbox import SandboxUnavailable
-from diagnostics.evaluation.settings import checkers_of, resolve_cost, stored_cost
+from diagnostics.evaluation.settings import checkers_of, resolve_cost, stored_cost, stored_cost_flag, sweep_analytic_cost
 from diagnostics.evaluation.stats import summarise_sweep, sweep_table, with_interval
 from diagnostics.evaluation.sweeper import (
     base_request,
@@ -202,7 +202,8 @@ elif sweep["status"] != "complete":
 def sweep_cost_ratio(settings: dict, first_run: dict | None) -> float | None:
     """The c of the modelled speed-ups: ``resolve_cost``'s (the one stored with the sweep, else its
     rule for an older sweep stored without one), as the CLI and the report use it, editable. A c
-    measured on this machine only when the user asks for it, labelled re-measured."""
+    measured on this machine only when the user asks for it, labelled re-measured. A stored c that
+    is implausible is flagged (``stored_cost_flag``); "c from" offers the analytic one."""
     if first_run is None:
         return None
     ratio, source = resolve_cost(settings, None)
@@ -214,6 +215,19 @@ def sweep_cost_ratio(settings: dict, first_run: dict | None) -> float | None:
         if not stored:
             st.caption(f"This sweep was stored without its cost ratio (an older version): c = {ratio:g} is assumed, as the "
                        "CLI's sweep and the report assume it. Re-measure c here, or resume the sweep to store one.")
+        analytic = sweep_analytic_cost(settings)
+        if analytic is not None and round(analytic.ratio, 4) != ratio:
+            # analytic.basis: constant words and counts (cost.pair_analytic_cost).
+            if st.radio("c from", ("the sweep", "analytic"), horizontal=True, key=f"sweep_cost_from_{sweep_id}",  # literal-ok: basis
+                        help=f"analytic: c = {analytic.ratio:.4g}, {analytic.basis} (the CLI's sweep and report: "
+                             "--cost analytic)") == "analytic":
+                return st.number_input("draft/target cost c (analytic)", 0.0, MAX_COST_RATIO, round(analytic.ratio, 4), 0.01,  # literal-ok: basis
+                                       format="%.4f", key=f"sweep_cost_analytic_{sweep_id}",
+                                       help=f"c = {analytic.ratio:.4g}, {analytic.basis}.")
+        flag = stored_cost_flag(settings)
+        if flag:
+            st.warning(f"Cost ratio: {flag}" + (" Choose \"analytic\" under \"c from\"." if analytic is not None else ""),  # literal-ok: cost_flag's constant words and numbers
+                       icon="⚠️")
         # Keyed by sweep: another sweep's box would keep this one's value.
         return st.number_input("draft/target cost c (stored with the sweep)" if stored else "draft/target cost c (none stored)",  # literal-ok: source
                                0.0, max(MAX_COST_RATIO, ratio), ratio, 0.01, format="%.4f", key=f"sweep_cost_stored_{sweep_id}",

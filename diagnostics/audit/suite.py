@@ -174,17 +174,19 @@ def engine_samples(plan: EnginePlan, setup: EngineSetup, path: str, engine: str 
                    progress: Callable[[int, int], None] | None = None) -> int:
     """Write the plan's seeded generations (each cut after its first EOS) as a samples file, the
     format ``audit --samples`` reads, and return how many were written (a crashed seed has none).
-    The file is rewritten after each batch of seeds, so a stopped run leaves what it made;
-    ``progress(done, total)`` after each batch."""
+    The file is rewritten after each batch of seeds (``BATCH_SEEDS`` seeds for a generator that
+    batches, one seed for one that does not, such as transformers' ``generate``: seconds a seed), so
+    a stopped run leaves what it made; ``progress(done, total)`` after each batch."""
     from diagnostics.audit.engine_level import BATCH_SEEDS, _generate_chunk
     from diagnostics.audit.samples import Sample, write_samples
 
     policy = plan.policy or Policy()
     seeds = list(plan.seeds)
     batch = getattr(plan.generator, "batch", None)
+    step = BATCH_SEEDS if batch is not None else 1  # as ``pit_sample`` steps
     samples = []
-    for first in range(0, len(seeds), BATCH_SEEDS):
-        chunk = seeds[first : first + BATCH_SEEDS]
+    for first in range(0, len(seeds), step):
+        chunk = seeds[first : first + step]
         for seed, tokens in zip(chunk, _generate_chunk(plan.generator, batch, setup.prompt_ids, chunk)):
             if isinstance(tokens, Exception):
                 continue

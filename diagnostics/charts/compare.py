@@ -1,4 +1,4 @@
-"""Compare's figure: the first divergence of several rules at one position."""
+"""Compare's figure (the first divergence of several rules at one position) and its table of the runs at one seed."""
 
 from __future__ import annotations
 
@@ -6,7 +6,27 @@ import plotly.graph_objects as go
 import torch
 
 from diagnostics.charts.common import COLORS, RULE_COLORS, below_toolbar, category_labels, chart_text, mark_tokens, shown_tokens
+from diagnostics.charts.inspect import LEGEND_AT_FOOT
 from diagnostics.explain import StepView
+from diagnostics.untrusted import html_text
+
+# Compare's runs at one seed: a table that fits the width it is given (cells wrap). As a data grid it
+# was wider than the page (its "modelled speed-up" column cut at the edge) and its horizontal scroll
+# bar covered the third row.
+SEED_RUNS_CSS = ("table.seed-runs { width: 100%; border-collapse: collapse; table-layout: auto; font-size: 0.9rem; } "
+                 "table.seed-runs th, table.seed-runs td { border: 1px solid #d0d7de; padding: 4px 6px; text-align: left; "
+                 "vertical-align: top; } "
+                 # words stay whole where they fit ("complete", a run id); a rule label too long for its column breaks anywhere
+                 "table.seed-runs td { overflow-wrap: break-word; } "
+                 "table.seed-runs td:first-child { overflow-wrap: anywhere; min-width: 7em; } "
+                 "table.seed-runs td.number { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; } "
+                 # a fill that reads in a light and a dark theme (the header's text follows the theme)
+                 "table.seed-runs th { background: rgba(127, 127, 127, 0.15); font-weight: 600; } "
+                 # In a narrow column (its ten columns' words no longer fit) every cell may break anywhere, in a
+                 # smaller font; past that the frame scrolls (at 540 px the table was 760 wide, cut at the edge).
+                 "div.seed-runs-frame { container-type: inline-size; overflow-x: auto; } "
+                 "@container (max-width: 760px) { table.seed-runs { font-size: 0.8rem; } "
+                 "table.seed-runs th, table.seed-runs td, table.seed-runs td.number { overflow-wrap: anywhere; white-space: normal; } }")
 
 
 def divergence_figure(p_target: torch.Tensor, q_draft: torch.Tensor, steps: list[tuple[StepView, dict]],
@@ -61,7 +81,27 @@ def divergence_figure(p_target: torch.Tensor, q_draft: torch.Tensor, steps: list
                                hovertemplate="coin u = %{y:.4f}<extra></extra>")
         figure.update_yaxes(range=[0, 1.05], title_text="probability", row=1, col=2)
     figure.update_yaxes(title_text="probability", range=[0, tallest * 1.35], row=1, col=1)
-    figure.update_layout(barmode="group", height=440, margin={"t": 40, "b": 40, "l": 50, "r": 10},
-                         legend={"orientation": "h", "y": -0.15}, xaxis_type="category")
+    # The legend at the figure's foot (container-referenced): at paper y = -0.15 it sat on the rotated
+    # token labels, which Plotly's automargin places below the axis; from the foot, the margin holds both.
+    figure.update_layout(barmode="group", height=480, margin={"t": 40, "b": 40, "l": 50, "r": 10},
+                         legend=LEGEND_AT_FOOT, xaxis_type="category")
     return below_toolbar(figure)
 
+
+def seed_runs_html(rows: list[dict[str, object]]) -> str:
+    """Compare's runs at one seed (one dict a run, its keys the headers) as an HTML table that fits
+    the width it is given, every row shown (no inner scroll bar): headers and cells escaped, as a
+    rule's label and a run's text come from a database that may be someone else's; a cell that
+    reads as a number is right-aligned. "" for no rows."""
+    if not rows:
+        return ""
+    names = list(rows[0])
+    header = "".join(f"<th>{html_text(name)}</th>" for name in names)
+
+    def cell(value: object) -> str:
+        text = "–" if value is None else str(value)
+        number = text.replace(".", "", 1).lstrip("-").isdigit()
+        return f'<td class="number">{html_text(text)}</td>' if number else f"<td>{html_text(text)}</td>"
+
+    body = "".join("<tr>" + "".join(cell(row.get(name)) for name in names) + "</tr>" for row in rows)
+    return f'<style>{SEED_RUNS_CSS}</style><div class="seed-runs-frame"><table class="seed-runs"><tr>{header}</tr>{body}</table></div>'

@@ -8,6 +8,10 @@ import torch
 from diagnostics.charts.common import COLORS, below_toolbar, category_labels, chart_text, denoise, mark_tokens, shown_tokens, token_label
 from diagnostics.explain import StepView
 
+# A horizontal legend in rows at the figure's foot (container-referenced): Plotly's margin then holds the
+# axis's rotated token labels and title above it (at paper y = -0.15 it sat on those labels).
+LEGEND_AT_FOOT = {"orientation": "h", "yref": "container", "y": 0, "yanchor": "bottom", "x": 0, "xanchor": "left"}
+
 
 def law_figure(view: StepView, top_n: int = 30, show_fallback: bool | None = None, draft_token: int | None = None,
                emitted_token: int | None = None, kind: str | None = None) -> go.Figure:
@@ -95,15 +99,18 @@ def law_figure(view: StepView, top_n: int = 30, show_fallback: bool | None = Non
                            marker={"symbol": "square", "size": 12, "color": "rgba(214,39,40,0.45)"})
     figure.update_layout(
         barmode="group",
-        title=f"{chart_text(view.spec)}: target, draft, induced law and matched baseline (tokens by p)",
+        # Two lines: in a half-width column one line of this length runs past the chart's right edge.
+        title=f"{chart_text(view.spec)}: target, draft, induced law and matched baseline<br>tokens ordered by p",
         xaxis_title="token",
         xaxis_type="category",  # tokens such as "1" and "2" must not become numbers on a linear axis
         yaxis_title="probability",
         yaxis_range=[-0.07 * top, top * 1.3],
-        # A legend beside the plot never covers a bar (below it, it hid the fallback law).
-        legend={"orientation": "v", "x": 1.01, "y": 1.0},
+        # The legend in rows at the figure's foot, below the token labels and the axis title: beside the
+        # plot it took a third of a narrow column; at paper y < 0 it covered the rotated labels, and
+        # inside the plot it hid the fallback law.
+        legend=LEGEND_AT_FOOT,
         margin={"t": 50, "b": 40, "l": 50, "r": 10},
-        height=450,
+        height=520,
     )
     return below_toolbar(figure)
 

@@ -81,7 +81,9 @@ def _collect(args: argparse.Namespace, load_target) -> str | None:
     ``OUT.baseline.jsonl``), then audit them like a file; ``None`` when there is nothing to audit against."""
     import time as clock
 
-    from diagnostics.audit.collect import EndpointError, Sampling, check_out, collect
+    from diagnostics.audit.collect import check_out, collect
+    from diagnostics.audit.completions import Sampling
+    from diagnostics.audit.endpoint_client import EndpointError
     from diagnostics.evaluation.prompts import load_prompts
 
     if not args.model or not args.prompts:
@@ -390,8 +392,9 @@ def mutant_names(layer: str) -> list[str]:
 
 def add_parser(commands: Any) -> None:
     """The ``audit`` command's options."""
-    from diagnostics.audit.collect import (COLLECT_TIMEOUT_S, MAX_RAW_BYTES, MAX_REDIRECTS, MAX_RESPONSE_BYTES, RETRIES,
-                                           RETRY_BUDGET, TIMEOUT_S)
+    from diagnostics.audit.collect import COLLECT_TIMEOUT_S
+    from diagnostics.audit.completions import MAX_RAW_BYTES
+    from diagnostics.audit.endpoint_client import MAX_REDIRECTS, MAX_RESPONSE_BYTES, RETRIES, RETRY_BUDGET, TIMEOUT_S
     from diagnostics.audit.samples import MAX_FILE_BYTES, MAX_SAMPLES, MAX_TOKENS
     from diagnostics.audit.server_scores import CHECKED_POSITIONS, SCORE_TOLERANCE
     from diagnostics.untrusted_json import MAX_DEPTH

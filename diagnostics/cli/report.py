@@ -52,7 +52,7 @@ def command_report(args: argparse.Namespace) -> int:
 
 def add_parser(commands: Any) -> None:
     """The ``report`` command's options."""
-    from diagnostics.evaluation.settings import MAX_STORED_COST, NO_STORED_COST
+    from diagnostics.evaluation.settings import MAX_STORED_COST, NO_STORED_COST, cost_option
     from diagnostics.shareable import SHARED_DB_NAME
     report = commands.add_parser(
         "report", help="one self-contained HTML file for runs (a run or a compared group) and audits",
@@ -66,10 +66,11 @@ def add_parser(commands: Any) -> None:
                         help="a stored sweep to include: its Pareto chart, figures with intervals and verdicts (repeatable)")
     report.add_argument("--verdicts", nargs="?", const="docs/verdicts.json", default=None, metavar="TABLE.json",
                         help="include the verdict table of real engines (default docs/verdicts.json)")
-    report.add_argument("--cost", type=float, default=None, metavar="C",
+    report.add_argument("--cost", type=cost_option, default=None, metavar="C",
                         help="draft/target cost ratio of one step for the sweeps' modelled speed-up "
                              "(default: the one stored with each sweep, as the CLI and the Sweeps page use; "
-                             f"{NO_STORED_COST:g} for a sweep stored without one; 0 to {MAX_STORED_COST:g})")
+                             f"{NO_STORED_COST:g} for a sweep stored without one; 0 to {MAX_STORED_COST:g}; "
+                             "'analytic': the c each sweep's drafter shape implies, e.g. L/N for early-exit:L)")
     report.add_argument("--db", default=None, help="DuckDB file (default $SPECLAB_DB or data/runs.duckdb); "
                                                    "the report names it by its base name only")
     report.add_argument("-o", "--output", required=True, help="the HTML file to write")

@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from diagnostics.cli.common import DEFAULT_EARLY_EXIT, add_generation_options, json_line, progress_wanted, request_of
-from diagnostics.evaluation.settings import MAX_STORED_COST, NO_STORED_COST, checked_cost, resolve_cost
+from diagnostics.evaluation.settings import MAX_STORED_COST, NO_STORED_COST, checked_cost, cost_option, resolve_cost, stored_cost_flag
 
 
 def command_sweep(args: argparse.Namespace) -> int:
@@ -58,6 +58,8 @@ def command_sweep(args: argparse.Namespace) -> int:
         store, sweep_id = Store(args.db), None
     base = base_request(settings)
     plan_units(settings)  # checks the seeds
+    # --cost analytic: the number the pair's shapes imply, stored as a given c by a new sweep.
+    given = resolve_cost(settings, args.cost)[0] if args.cost is not None else None
     require_sandbox_for(checkers_of(settings))  # before loading any model: HumanEval checks need bubblewrap
     on_terminal, quiet = progress_wanted(args), getattr(args, "no_progress", False)
     opened: list[str] = []
@@ -89,7 +91,7 @@ def command_sweep(args: argparse.Namespace) -> int:
         try:
             sweep_id, _stored = run_sweep_on_ray(store, settings, options, address=None if args.ray == "local" else args.ray,
                                                  workers=args.workers, sweep_id=sweep_id, on_unit=on_unit, on_open=on_open,
-                                                 cost=args.cost)
+                                                 cost=given)
         except KeyboardInterrupt:
             _sweep_interrupted(opened)
             return 130
@@ -103,7 +105,7 @@ def command_sweep(args: argparse.Namespace) -> int:
     draft = load_draft(base.draft, target, dtype=args.dtype, trust_remote_code=args.trust_remote_code)
     try:
         sweep_id = run_sweep(store, target, draft, settings, sweep_id=sweep_id, on_unit=on_unit, on_open=on_open,
-                             batch_size=args.batch_size, cost=args.cost)
+                             batch_size=args.batch_size, cost=given)
     except KeyboardInterrupt:
         _sweep_interrupted(opened)
         return 130
@@ -117,14 +119,19 @@ def _sweep_interrupted(opened: list[str]) -> None:
 
 def _print_sweep(store, sweep_id: str, given: float | None) -> int:
     """The sweep's per-setting figures with intervals as JSON on stdout (at ``resolve_cost``'s c), one
-    verdict per rule on stderr."""
+    verdict per rule on stderr; a stored c that is implausible (``stored_cost_flag``) is flagged in
+    the JSON (``cost_ratio_flag``) and on stderr, unless this command gave its own."""
     from diagnostics.evaluation.stats import as_rows, summarise_sweep, sweep_table
 
     sweep = store.get_sweep(sweep_id)
     cost, source = resolve_cost(sweep["settings"], given)
+    flag = stored_cost_flag(sweep["settings"]) if given is None else None
     summaries = summarise_sweep(sweep_table(store, sweep_id, cost))
     print(json_line({"sweep_id": sweep_id, "status": sweep["status"], "units": sweep["units"], "units_done": sweep["units_done"],
-                      "cost_ratio": cost, "cost_ratio_source": source, "db": str(store.path), "settings": as_rows(summaries)}))
+                      "cost_ratio": cost, "cost_ratio_source": source, "cost_ratio_flag": flag, "db": str(store.path),
+                      "settings": as_rows(summaries)}))
+    if flag:
+        print(f"cost ratio: {flag} (--cost analytic takes it; --cost C, your own)", file=sys.stderr)
     for summary in summaries:
         if summary.role == "rule":
             print(summary.verdict(), file=sys.stderr)
@@ -146,11 +153,12 @@ def add_parser(commands: Any) -> None:
                        help="score a stored sweep's finished runs with their prompts' checkers now and store the scores (a sweep "
                             "scores its units as they finish; this is for sweeps of older versions). A HumanEval checker runs "
                             "each output as code inside the bubblewrap sandbox")
-    sweep.add_argument("--cost", type=float, default=None, metavar="C",
+    sweep.add_argument("--cost", type=cost_option, default=None, metavar="C",
                        help="draft/target cost ratio c of one step for the modelled speed-up. Default: the c stored with the "
                             "sweep, measured when it first ran (as the Sweeps page and the report use it; "
                             f"{NO_STORED_COST:g} for an older sweep stored without one); a new sweep stores the C given here "
-                            f"(0 to {MAX_STORED_COST:g})")
+                            f"(0 to {MAX_STORED_COST:g}), or with 'analytic' the c the drafter's shape implies (early-exit:L: "
+                            "L / the target's layers; ngram: 0); a measured c that is implausible is flagged on stderr")
     sweep.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                        help="run the units on Ray: alone, a local Ray started for the sweep; with ADDRESS (e.g. ray://head:10001 or "
                             "auto), an existing cluster whose nodes have the requirements installed. The driver alone writes --db")

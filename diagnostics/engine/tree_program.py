@@ -63,7 +63,7 @@ def supports_tree_program(pair: Any, spec: TreeSpec) -> bool:
 
 class TreeHeader(NamedTuple):
     """A row's round, the head of its buffer (in this order): the ``accepted`` path length, how the round
-    ``end``\ ed (``REJECTED``, a bonus, or ``NO_DRAW``), the final ``token``, whether an EOS ``finished`` the row,
+    ended (``end``: ``REJECTED``, a bonus, or ``NO_DRAW``), the final ``token``, whether an EOS ``finished`` the row,
     the exact ``expected_tokens`` of the round and ``final_p``, the target's ``p`` of the final token."""
 
     accepted: int

@@ -83,20 +83,72 @@ def stored_cost(settings: dict[str, Any]) -> tuple[float, str] | None:
 NO_STORED_COST = 0.0  # c for a sweep of an older version stored without one and no c given: a free draft step
 
 
-def checked_cost(given: float | None, flag: str = "--cost") -> float | None:
-    """A c given by the user (``--cost``): ``None``, or a number from 0 to ``MAX_STORED_COST``
-    (NaN fails too); ``ValueError`` naming ``flag`` otherwise."""
+def checked_cost(given: float | str | None, flag: str = "--cost") -> float | str | None:
+    """A c given by the user (``--cost``): ``None``, ``"analytic"`` (``cost.ANALYTIC``: the c the
+    pair's shapes imply, ``resolve_cost``), or a number from 0 to ``MAX_STORED_COST`` (NaN fails
+    too); ``ValueError`` naming ``flag`` otherwise."""
+    from diagnostics.cost import ANALYTIC
+
+    if given == ANALYTIC:
+        return given
     if given is not None and not 0 <= given <= MAX_STORED_COST:
-        raise ValueError(f"{flag} must be a number from 0 to {MAX_STORED_COST:g} (draft step / target step), got {given}")
+        raise ValueError(f"{flag} must be a number from 0 to {MAX_STORED_COST:g} (draft step / target step), or analytic, got {given}")
     return given
 
 
-def resolve_cost(settings: dict[str, Any], given: float | None) -> tuple[float, str]:
+def cost_option(text: str) -> float | str:
+    """``--cost``'s argparse type: ``analytic`` (any case), or a number (checked by ``checked_cost``)."""
+    from diagnostics.cost import ANALYTIC
+
+    return ANALYTIC if text.strip().lower() == ANALYTIC else float(text)
+
+
+cost_option.__name__ = "cost"  # argparse names the type in its message: "invalid cost value: 'x'"
+
+
+def sweep_analytic_cost(settings: dict[str, Any]):
+    """``cost.pair_analytic_cost`` for the sweep's drafter and target, read without loading them:
+    an early exit (``L/N``, N from the target's config) or an n-gram (0); ``None`` otherwise."""
+    from diagnostics.cost import pair_analytic_cost
+    from diagnostics.models import layer_count
+
+    draft = (settings.get("request") or {}).get("draft")
+    if not isinstance(draft, str):
+        return None
+    return pair_analytic_cost(draft, target_layers=layer_count(settings.get("target") or "default"))
+
+
+def stored_cost_flag(settings: dict[str, Any]) -> str | None:
+    """``cost.cost_flag`` for the c measured when the sweep ran, against the analytic one where
+    known (no spread is stored; a c the user gave with ``--cost`` is theirs and not flagged)."""
+    from diagnostics.cost import cost_flag
+    from diagnostics.models import ModelError, parse_draft
+
+    stored = stored_cost(settings)
+    if stored is None or stored[1] != "measured":
+        return None
+    try:
+        kind = parse_draft(str((settings.get("request") or {}).get("draft"))).kind
+    except ModelError:
+        return None
+    return cost_flag(kind, stored[0], sweep_analytic_cost(settings))
+
+
+def resolve_cost(settings: dict[str, Any], given: float | str | None) -> tuple[float, str]:
     """The cost ratio ``c`` a sweep's modelled speed-ups use, and where it comes from in words: the
-    ``given`` one (``--cost``), else the one stored with the sweep, else ``NO_STORED_COST`` for a
-    sweep of an older version stored without one. The CLI, the report and the Sweeps page all
-    take c from here, so they print the same speed-ups with the same phrase."""
-    if checked_cost(given) is not None:
+    ``given`` one (``--cost``; ``analytic``: ``sweep_analytic_cost``'s, rounded to ``COST_DIGITS``),
+    else the one stored with the sweep, else ``NO_STORED_COST`` for a sweep of an older version
+    stored without one. The CLI, the report and the Sweeps page all take c from here, so they
+    print the same speed-ups with the same phrase."""
+    from diagnostics.cost import ANALYTIC
+
+    if checked_cost(given) == ANALYTIC:
+        analytic = sweep_analytic_cost(settings)
+        if analytic is None:
+            raise ValueError("--cost analytic: this sweep's drafter has no analytic c known without loading its models "
+                             "(an early exit of a target with a known layer count, or an n-gram, has one); give a number")
+        return round(analytic.ratio, COST_DIGITS), f"analytic (--cost analytic): {analytic.basis}"
+    if given is not None:
         return float(given), "--cost of this command"
     stored = stored_cost(settings)
     if stored is None:

@@ -51,7 +51,8 @@ def endpoint_collector(url: str, model: str, policy: Policy, max_tokens: int, sp
                        tokenize: Callable[[str], list[int]], eos_id: int | None, **options: Any) -> Callable[..., list[Sample]]:
     """``collect(prompt, prompt_ids, seeds) -> samples``: one request per seed to ``url`` (the
     collector's; ``options`` such as ``api_key``, ``scores_api``), read back as samples."""
-    from diagnostics.audit.collect import Sampling, collect
+    from diagnostics.audit.collect import collect
+    from diagnostics.audit.completions import Sampling
 
     sampling = Sampling(max_tokens=max_tokens, temperature=policy.temperature, top_k=policy.top_k, top_p=policy.top_p,
                         min_p=policy.min_p)
