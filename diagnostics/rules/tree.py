@@ -33,6 +33,8 @@ def _without(p_node: torch.Tensor, candidate: torch.Tensor) -> torch.Tensor:
 class TreeRule:
     """A node of a token tree: candidates ``c_1 … c_K`` tried in order with ``a(p_j, c_j)``.
 
+    From: Li et al., EAGLE-2: Faster Inference of Language Models with Dynamic Draft Trees (2024,
+    arXiv:2406.16858), whose top-``k`` children are verified this way (lossless: ``a = p_j(c_j)``).
     On rejection of ``c_j``, ``p_{j+1} = p_j`` with ``c_j`` zeroed and renormalised; if every
     candidate is rejected a token is drawn from ``p_{K+1}``.
     """
@@ -125,7 +127,10 @@ def top_candidates(q: torch.Tensor, k: int) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class SampledMultiDraft:
-    """``K`` i.i.d. drafts ``x_j ~ q``; accept ``x_j`` w.p. ``min(1, p_j(x_j)/q(x_j))``, ``p_{j+1} = norm((p_j − q)+)``."""
+    """``K`` i.i.d. drafts ``x_j ~ q``; accept ``x_j`` w.p. ``min(1, p_j(x_j)/q(x_j))``, ``p_{j+1} = norm((p_j − q)+)``.
+
+    From: Miao et al., SpecInfer: Accelerating Large Language Model Serving with Tree-based Speculative
+    Inference and Verification (2024, arXiv:2305.09781): multi-step speculative sampling."""
 
     k: int = 2
     spec: ClassVar[str] = "multidraft"
