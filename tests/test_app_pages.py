@@ -204,6 +204,31 @@ def test_untrusted_token_text_is_escaped_on_inspect(tmp_path: Path, monkeypatch)
     assert "<script>" not in strip and "<img" not in strip and "&lt;script&gt;" in strip
 
 
+def test_a_run_whose_draft_awaits_a_click_is_still_labelled_by_its_trusted_target(tmp_path: Path, tiny_folder: str,
+                                                                                monkeypatch) -> None:
+    """Rough edge 1 of issue 45, seen in a browser walk (everyday, ~10 s): a run naming a head or draft folder
+    not yet allowed showed ids ("tries '39767'") until the user pressed Load, though its target is the
+    app's own and needs no click. The target now decodes at once; the draft is still not touched."""
+    import duckdb
+
+    import views.common as common
+
+    store, target, run_id, run = _tree_run(tmp_path, tiny_folder, monkeypatch)
+    rejected = next(record for record in run.records if record.kind == "rejected")
+    store.close() if hasattr(store, "close") else None
+    with duckdb.connect(str(tmp_path / "runs.duckdb")) as con:  # as a shared file naming a colleague's draft folder would
+        con.execute("UPDATE runs SET draft = 'model:/nowhere/draft' WHERE run_id = ?", [run_id])
+    drafters: list = []
+    monkeypatch.setattr(common, "run_drafter", lambda *args: drafters.append(args))
+    at = _open(query={"run": run_id, "pos": str(rejected.position)})
+    assert not at.exception, [e.value for e in at.exception]
+    assert [button for button in at.button if button.key == "inspect_load_models"]  # the draft still waits for its click
+    caption = " ".join(caption.value for caption in at.caption)
+    tried = re.findall(r"'([^']*)' \(u = ", caption)
+    assert tried and all(label.startswith("w") for label in tried), caption  # texts, not ids
+    assert drafters == []  # nothing of the draft loaded, nor timed for c
+
+
 def test_a_run_naming_another_model_asks_before_loading_it(populated, tiny_folder: str, monkeypatch) -> None:
     """A run's target that is not the app's configured one (a shared file can name any folder) is
     loaded only after a click on a button that names it, never on page load."""

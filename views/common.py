@@ -179,6 +179,13 @@ def _pending_models(run: dict) -> list[str]:
     return [name for name in models_to_load(run, trusted=("default", default_target())) if name not in allowed]
 
 
+def target_consented(run: dict) -> bool:
+    """Whether the run's target alone may be loaded now (the embedded default, the app's configured
+    target, or allowed earlier): enough to label tokens with text while a head or draft the run also
+    names still waits for the user's click."""
+    return target_spec(run) not in _pending_models(run)
+
+
 def model_consent(run: dict, key: str) -> bool:
     """Whether the models ``run`` names may be loaded. The embedded default and the app's configured
     target may; any other path or hub id (a shared file can name any folder) only after the user

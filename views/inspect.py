@@ -22,6 +22,7 @@ from views.common import (
     literal,
     md,
     model_consent,
+    target_consented,
     open_store,
     plain,
     run_label,
@@ -74,9 +75,11 @@ count = len(records)
 allowed = model_consent(run, key="inspect_load_models")
 laws, unavailable = run_laws(store, run, [int(record["token"]) for record in records]) if allowed else (None, "models not loaded")
 # The target labels tokens even where its laws cannot be recomputed (a head run, a tree run whose laws
-# are rebuilt from the stored top-k): ids alone are not a reading.
-target = try_model(target_spec(run)) if allowed else None
-headline_metrics(run, positions, target, key="inspect")
+# are rebuilt from the stored top-k, a run whose head folder is not loaded yet): ids alone are not a
+# reading. The target needs no click when it is the embedded or configured one; it only decodes here,
+# and the metrics (which load the run's drafter to time it) get it only once every model is allowed.
+labeller = try_model(target_spec(run)) if allowed or target_consented(run) else None
+headline_metrics(run, positions, labeller if allowed else None, key="inspect")
 
 if "inspect_position" not in st.session_state or st.session_state.get("inspect_for") != run_id:
     st.session_state.inspect_position = int(records[0]["position"])
@@ -141,7 +144,7 @@ if chosen is not None and chosen != st.session_state.get("inspect_track_points")
 position = st.number_input("Position", 0, count - 1, key="inspect_position",
                            help="Click a token, a point in the tracks, a jump button, or type a position.")
 record = records[int(position)]
-decode = decoder(target)
+decode = decoder(labeller)
 kind = record["kind"]
 round_nodes = store.tree_nodes(run_id, block=int(record["block"])) if run.get("tree") else None
 node_view = tree_node_view(run, record, round_nodes, laws, decode, unavailable=unavailable) if run.get("tree") else None
