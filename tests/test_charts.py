@@ -144,6 +144,9 @@ def test_tracks_add_log_likelihood_and_kl_and_label_the_divergence_once() -> Non
     # Every track's small values in scientific notation, not SI prefixes ("1μ" read as a unit: issue 45).
     axes = [name for name in figure["layout"] if name.startswith("yaxis")]
     assert len(axes) == 5 and all(figure["layout"][name].get("exponentformat") == "e" for name in axes)
+    # ... and in the hover: a(x) of 1e-5 read "0.0000" at four fixed decimals (a browser walk, issue 45).
+    templates = [trace["hovertemplate"] for trace in figure["data"] if "hovertemplate" in trace and "= %{y" in trace["hovertemplate"]]
+    assert templates and all("%{y:.4~g}" in template for template in templates)
 
 
 def test_tree_figures_escape_token_text_and_mark_the_path() -> None:

@@ -159,8 +159,8 @@ def tracks_figure(positions: "object", selected: int | None = None, divergence: 
     ]
     for index, (row, name, values, color, mode) in enumerate(traces):
         # The token text rides on the first trace only; "x unified" hover shows it for all.
-        extra = {"customdata": hover, "hovertemplate": f"position %{{x}} %{{customdata}}<br>{name} = %{{y:.4f}}<extra></extra>"} \
-            if index == 0 else {"hovertemplate": f"{name} = %{{y:.4f}}<extra></extra>"}
+        extra = {"customdata": hover, "hovertemplate": f"position %{{x}} %{{customdata}}<br>{name} = %{{y:.4~g}}<extra></extra>"} \
+            if index == 0 else {"hovertemplate": f"{name} = %{{y:.4~g}}<extra></extra>"}
         figure.add_scatter(row=row, col=1, x=x, y=values, name=name, mode=mode,
                            line={"color": color, "width": 1.5}, marker={"color": color, "size": 4}, **extra)
     # Lines across every track as plain layout shapes (paper height): add_vline per subplot costs
