@@ -95,8 +95,10 @@ def _machine() -> str:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    """Every comparison of the module docstring (``--only``: the trees or the batching alone), printed
-    as it is measured and emitted as one JSON object (``_emit``)."""
+    """Every comparison of the module docstring (``--only``: the trees, the batching or the round table
+    alone), printed as it is measured and emitted as one JSON object (``_emit``)."""
+    if args.only == "round":
+        return _emit(_round(args), args.json)
     bench = _Bench(args)
     if args.only is None:
         _against_transformers(bench)
@@ -111,6 +113,31 @@ def run_bench(args: argparse.Namespace) -> int:
         bench.results["recording_memory"] = _recording_memory(2000 if not args.quick else 200)
         print(f"{'peak traced memory recording positions':58s} {bench.results['recording_memory']}", file=sys.stderr)
     return _emit(bench.results, args.json)
+
+
+def _round(args: argparse.Namespace) -> dict[str, object]:
+    """``bench --only round`` (``diagnostics.round_bench``): the table printed as Markdown on stderr as it
+    is measured, and returned with the machine's facts."""
+    from diagnostics.models import load_model
+    from diagnostics.round_bench import machine_facts, markdown, round_table, setups
+    from diagnostics.runner import encode_prompt
+
+    try:
+        rows = [int(part) for part in str(args.rows).split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"--rows takes batch sizes separated by commas, e.g. 1,8,32,64, not {args.rows!r}") from None
+    if not rows or min(rows) < 1:
+        raise ValueError(f"--rows takes batch sizes of at least 1, e.g. 1,8,32,64, not {args.rows!r}")
+    target = load_model("default", dtype=args.dtype, device=args.device)
+    chosen = setups(_Bench.layer)
+    if args.quick:
+        chosen = [chosen[0], chosen[2], chosen[4]]  # plain, a lossy chain, a tree
+    machine = machine_facts()
+    table = round_table(target, encode_prompt(target, STORY), chosen, rows, args.max_new_tokens, args.repeat,
+                        progress=lambda entry: print(entry, file=sys.stderr, flush=True))
+    print(markdown(table, machine), file=sys.stderr)
+    return {"machine": machine, "device": str(target.device), "max_new_tokens": args.max_new_tokens, "repeat": args.repeat,
+            "torch": torch.__version__, "round": table}
 
 
 class _Bench:

@@ -22,9 +22,12 @@ def add_parser(commands: Any) -> None:
     bench.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     bench.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                        help="weights' dtype (bfloat16 on a GPU; the laws are still computed in float64)")
-    bench.add_argument("--only", default=None, choices=["trees", "batch"],
-                       help="only one section: trees (chain against trees: tokens per target forward, tokens/s, forward cost) "
-                            "or batch (a sweep batched against one run at a time, the batch-size curve, the engine audit's time)")
+    bench.add_argument("--only", default=None, choices=["trees", "batch", "round"],
+                       help="only one section: trees (chain against trees: tokens per target forward, tokens/s, forward cost), "
+                            "batch (a sweep batched against one run at a time, the batch-size curve, the engine audit's time) "
+                            "or round (positions/s of the tensor core against the reference core and transformers, for each "
+                            "setup and batch size in --rows, with the machine's CPU, cores and caches)")
+    bench.add_argument("--rows", default="1,8,32,64", help="batch sizes of --only round, separated by commas")
     bench.add_argument("--quick", action="store_true",
                        help="fewer settings and a smaller recording-memory probe (200 positions instead of 2000), for a smoke test")
     bench.set_defaults(handler=command_bench)
