@@ -85,13 +85,9 @@ def _paired_overhead(on: Callable[[], int], off: Callable[[], int], repeat: int)
 def _machine() -> str:
     import os
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as info:
-            cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return f"{platform.machine()}, {os.cpu_count()} cores ({cpu}), {torch.get_num_threads()} torch threads"
+    from diagnostics.round_bench import cpu_model
+
+    return f"{platform.machine()}, {os.cpu_count()} cores ({cpu_model()}), {torch.get_num_threads()} torch threads"
 
 
 def run_bench(args: argparse.Namespace) -> int:

@@ -49,15 +49,21 @@ def setups(layer: int) -> list[Setup]:
     ]
 
 
-def machine_facts() -> dict[str, Any]:
-    """CPU model, logical cores, torch threads and the cache sizes of core 0 (``L1d``, ``L2``, … as Linux
-    lists them in ``/sys/devices/system/cpu/cpu0/cache``; empty where it does not)."""
+def cpu_model() -> str:
+    """The CPU's model name as Linux gives it (``/proc/cpuinfo``), else what ``platform`` knows."""
     model = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as info:
             model = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), model)
     except OSError:
         pass
+    return model
+
+
+def machine_facts() -> dict[str, Any]:
+    """CPU model, logical cores, torch threads and the cache sizes of core 0 (``L1d``, ``L2``, … as Linux
+    lists them in ``/sys/devices/system/cpu/cpu0/cache``; empty where it does not)."""
+    model = cpu_model()
     caches: dict[str, str] = {}
     for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
         try:
