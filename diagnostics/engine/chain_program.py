@@ -206,16 +206,18 @@ class RoundProgram:
         return torch.stack(drafts, dim=1), torch.stack(laws, dim=1), torch.stack(picked, dim=1), (kept, first_sizes)
 
     def _lookup_drafts(self, rows: list[_Row], budgets: list[int]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-        """Prompt lookup for every row on the host (``drafting.NgramDrafter``): drafts ``[B, γ]`` (zeros after
-        each row's own), their point-mass laws ``[B, γ, V]``, and how many each row found (cut after EOS)."""
+        """Prompt lookup for every row on the host (``drafting.NgramDrafter``): drafts ``[B, w]`` (zeros after
+        each row's own; ``w`` the most any row found), their point-mass laws ``[B, w, V]``, and how many each
+        row found (cut after EOS)."""
         found = []
         for row, budget in zip(rows, budgets):
             tokens = self.lookup._lookup(row.committed, min(self.gamma, budget))
             ends = [index for index, token in enumerate(tokens) if token in row.plan.eos]
             found.append(tokens[: ends[0] + 1] if ends else tokens)
-        drafts = torch.tensor([tokens + [0] * (self.gamma - len(tokens)) for tokens in found], dtype=torch.long,
+        width = max(len(tokens) for tokens in found)
+        drafts = torch.tensor([tokens + [0] * (width - len(tokens)) for tokens in found], dtype=torch.long,
                               device=self.device)
-        laws = torch.zeros((len(rows), self.gamma, self.vocab), dtype=torch.float64, device=self.device)
+        laws = torch.zeros((len(rows), width, self.vocab), dtype=torch.float64, device=self.device)
         return drafts, laws.scatter_(-1, drafts[..., None], 1.0), [len(tokens) for tokens in found]
 
     def _after_pending(self, pending: torch.Tensor, sizes: list[int], items: torch.Tensor) -> torch.Tensor:
@@ -277,8 +279,7 @@ class RoundProgram:
             drafts, q_laws, found = self._lookup_drafts(rows, budgets)
             # The round is as wide as the most drafts any row found: a lookup that found nothing (often) then
             # verifies one position, not γ + 1 of padding (measured: 0.64× the reference core at 1 row).
-            gamma = max(found)
-            drafts, q_laws = drafts[:, :gamma], q_laws[:, :gamma]
+            gamma = drafts.shape[1]
             uniforms, host_u = uniforms[:, : gamma + 1], host_u[:, : gamma + 1]
             limit = torch.tensor(found, dtype=torch.long, device=device)
         elif gamma:
